@@ -1,0 +1,33 @@
+# Two entry points that work on a fresh machine: `make demo` and `make test`.
+# Both create .venv and install cpkv into it first.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch==2.13.0 is a CPU build where a local wheel exists; on other machines pass a CPU index, e.g.
+# make test TORCH_PIP_ARGS="--index-url <PyTorch CPU wheel index>"
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+
+.PHONY: install demo test lint clean
+
+$(BIN)/cpkv: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(BIN)/cpkv
+
+install: $(BIN)/cpkv
+
+demo: install
+	$(BIN)/cpkv plan --prefix-len 100 --extend-len 200 --page-size 64 --cp-size 4 --head-owner 1
+
+test: install
+	$(BIN)/ruff check src tests
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check src tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

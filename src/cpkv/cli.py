@@ -1,0 +1,115 @@
+"""The ``cpkv`` command line: ``plan`` (owner plans), ``simulate`` (trace replay), ``run-dist``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import CpkvError
+
+
+class InputError(CpkvError, ValueError):
+    """Bad command-line input (a file, a flag combination); exits 2 with a one-line message."""
+
+
+@click.group(help="cpkv: context-parallel prefill with an owner-lane sharded, paged KV cache.")
+@click.version_option(package_name="cpkv")
+def app() -> None:
+    """The ``cpkv`` command group."""
+
+
+@app.command()
+@click.option("--prefix-len", type=int, multiple=True, help="Tokens already cached; repeat once per request.")
+@click.option("--extend-len", type=int, multiple=True, help="New tokens; repeat once per request.")
+@click.option("--page-size", type=int, default=64, show_default=True, help="Tokens per KV page (P).")
+@click.option("--cp-size", type=int, default=4, show_default=True, help="Ranks in the CP group (C).")
+@click.option("--req-index", type=int, default=None, help="Batch position of a single request (phase input).")
+@click.option("--head-owner", type=int, multiple=True, help="Lane of each request's last_loc page (-1: none).")
+@click.option("--policy", type=click.Choice(["rotation", "legacy", "balanced"]), default=None,
+              help="Owner policy (default: $CPKV_OWNER_POLICY, else rotation).")  # fmt: skip
+@click.option("--batch", type=click.Path(path_type=Path), default=None,
+              help="JSON list of {prefix_len, extend_len[, head_owner]} instead of the flags.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, policy, batch, as_json) -> None:
+    """Plan page owners for one request or a batch: phase, lane strip, per-rank tokens, MQA-logits."""
+    prefix_len, extend_len, head_owner = list(prefix_len), list(extend_len), list(head_owner)
+    from .config import CPConfig
+    from .plan_view import plan_to_dict, print_plan
+    from .planner import plan_batch, plan_request
+
+    if batch is not None:
+        if prefix_len or extend_len or head_owner:
+            raise InputError("--batch cannot be combined with --prefix-len/--extend-len/--head-owner")
+        prefix_len, extend_len, head_owner = read_batch_file(batch)
+    if len(prefix_len) != len(extend_len) or not extend_len:
+        raise InputError(f"give one --prefix-len per --extend-len (got {len(prefix_len)} and {len(extend_len)})")
+    if head_owner and len(head_owner) != len(extend_len):
+        raise InputError(f"give one --head-owner per request or none (got {len(head_owner)} for {len(extend_len)})")
+    config = CPConfig(cp_size, page_size, policy)
+    heads = [None if h < 0 else h for h in head_owner] if head_owner else None
+    if req_index is not None:
+        if len(extend_len) != 1:
+            raise InputError(f"--req-index={req_index} applies to a single request, got {len(extend_len)}")
+        one = plan_request(prefix_len[0], extend_len[0], config, req_index=req_index, head_owner=(heads or [None])[0])
+        result = plan_batch([prefix_len[0]], [extend_len[0]], config, head_owners=heads, phases=[one.phase])
+        summary = plan_to_dict(result)
+        summary["requests"][0]["req_index"] = req_index
+    else:
+        summary = plan_to_dict(plan_batch(prefix_len, extend_len, config, head_owners=heads))
+    if as_json:
+        dump_json(summary)
+    else:
+        print_plan(summary)
+
+
+def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:
+    """Read ``[{"prefix_len": int, "extend_len": int, "head_owner"?: int | null}, ...]`` from ``path``.
+
+    Raises:
+        InputError: unreadable file, bad JSON or a bad entry (names the file and the entry index).
+    """
+    try:
+        rows = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: cannot read batch file: {e}") from None
+    if not isinstance(rows, list) or not rows:
+        raise InputError(f"{path}: expected a non-empty JSON list of requests")
+    out: tuple[list[int], list[int], list[int]] = ([], [], [])
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not {"prefix_len", "extend_len"} <= row.keys():
+            raise InputError(f"{path}: entry {i} needs prefix_len and extend_len, got {row!r}")
+        head = row.get("head_owner")
+        values = (row["prefix_len"], row["extend_len"], -1 if head is None else head)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise InputError(f"{path}: entry {i} must hold integers, got {row!r}")
+        for lst, v in zip(out, values, strict=True):
+            lst.append(v)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: runs the typer app; bad input prints one line to stderr and exits 2."""
+    try:
+        rv = app.main(args=argv, prog_name="cpkv", standalone_mode=False)
+    except click.exceptions.UsageError as e:
+        print(f"cpkv: error: {e.format_message()}", file=sys.stderr)
+        return 2
+    except CpkvError as e:
+        print(f"cpkv: error: {e}", file=sys.stderr)
+        return 2
+    except click.exceptions.Abort:
+        print("cpkv: aborted", file=sys.stderr)
+        return 130
+    return rv if isinstance(rv, int) else 0
+
+
+def dump_json(obj: object) -> None:
+    """Print ``obj`` as indented JSON on stdout."""
+    click.echo(json.dumps(obj, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

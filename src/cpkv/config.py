@@ -1,0 +1,62 @@
+"""CP group configuration and owner policies (SPEC C-PHASE, C-BALANCED)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+OWNER_POLICIES = ("rotation", "legacy", "balanced")
+"""Owner policies: ``rotation`` (default), ``legacy`` (phase 0, escape hatch), ``balanced``."""
+
+OWNER_POLICY_ENV = "CPKV_OWNER_POLICY"
+
+
+def check_int(name: str, value: object, minimum: int) -> int:
+    """Return ``value`` as an ``int`` when it is an integer ``>= minimum``, else raise ``ConfigError``.
+
+    Accepts Python and numpy integers; rejects ``bool``, floats and strings, naming ``name`` and the value.
+    """
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    value = int(value)  # type: ignore[call-overload]
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class CPConfig:
+    """One context-parallel group's planning configuration (SPEC sections 2 and 4, C-PHASE).
+
+    Attributes:
+        cp_size: ranks in the CP group (C), an int >= 1.
+        page_size: tokens per KV page (P), an int >= 1.
+        owner_policy: ``"rotation"`` (phase = (prefix pages + req_index) % C), ``"legacy"`` (phase 0) or
+            ``"balanced"`` (the allocator picks the emptiest lane; the planner alone uses rotation).
+            ``None`` reads ``CPKV_OWNER_POLICY`` once, here, defaulting to ``"rotation"``; after
+            construction the field always holds the resolved policy.
+
+    Raises:
+        ConfigError: ``cp_size < 1``, ``page_size < 1``, a non-integer size, or an unknown policy (the
+            message names ``owner_policy`` or the ``CPKV_OWNER_POLICY`` variable and the bad value).
+    """
+
+    cp_size: int
+    page_size: int
+    owner_policy: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cp_size", check_int("cp_size", self.cp_size, 1))
+        object.__setattr__(self, "page_size", check_int("page_size", self.page_size, 1))
+        if self.owner_policy is None:
+            raw = os.environ.get(OWNER_POLICY_ENV, "rotation")
+            policy = raw.strip().lower() or "rotation"
+            source = f"environment variable {OWNER_POLICY_ENV}"
+        else:
+            raw = policy = self.owner_policy
+            source = "owner_policy"
+        if policy not in OWNER_POLICIES:
+            raise ConfigError(f"{source}={raw!r} is not an owner policy; use one of {', '.join(OWNER_POLICIES)}")
+        object.__setattr__(self, "owner_policy", policy)

@@ -1,0 +1,57 @@
+"""Typed errors of cpkv (SPEC C-FAIL-FAST).
+
+Every error names the offending value, and where it concerns one request of a batch, the request's
+index, so a scheduler log line is enough to find the bad input. Input errors are ``ValueError``
+subclasses (SPEC section 7), so callers that only know the standard library still catch them.
+"""
+
+from __future__ import annotations
+
+
+class CpkvError(Exception):
+    """Base class of every error raised by cpkv."""
+
+
+class PlanError(CpkvError, ValueError):
+    """Invalid planner input: a length, size, index or array shape (SPEC C-FAIL-FAST)."""
+
+
+class ConfigError(PlanError):
+    """Invalid configuration: ``cp_size``, ``page_size``, owner policy or ``CPKV_OWNER_POLICY``."""
+
+
+class UnsupportedPagePlan(PlanError):
+    """A plan that cpkv cannot express, raised at plan time before any page is taken (SPEC C-HEAD).
+
+    Raised, for example, when ``prefix_len % page_size != 0`` and the request computes head tokens but
+    no head owner (the lane of the partly filled last prefix page) was given.
+    """
+
+
+class LayoutError(CpkvError, ValueError):
+    """A slot outside the pool, or a translation result that does not fit the input dtype (C-LAYOUT)."""
+
+
+class AllocatorError(CpkvError, ValueError):
+    """Invalid allocator call: bad ``last_loc``, freeing page 0, a free page or an out-of-range id."""
+
+
+class LaneExhausted(CpkvError, RuntimeError):
+    """A lane has fewer free pages than one allocation call needs (SPEC C-ATOMIC).
+
+    Nothing was allocated. Attributes: ``lane`` (int, the first short lane), ``needed`` (pages the call
+    needs on that lane), ``available`` (free pages the lane had).
+    """
+
+    def __init__(self, lane: int, needed: int, available: int) -> None:
+        self.lane = int(lane)
+        self.needed = int(needed)
+        self.available = int(available)
+        super().__init__(
+            f"lane {self.lane} exhausted: the call needs {self.needed} pages on lane {self.lane} "
+            f"but only {self.available} are free; nothing was allocated (free or evict pages of "
+            f"lane {self.lane}, or add pages_per_lane)"
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.lane, self.needed, self.available))

@@ -1,0 +1,441 @@
+"""Owner planning: rotation phase, zigzag page owners, head tokens, batches, gather index.
+
+Implements SPEC C-PHASE, C-ZIGZAG, C-HEAD, C-OWNER-EQ-COMPUTE, C-BATCH, C-BS1-COMPATIBILITY and C-GATHER.
+
+One code path: ``plan_request`` is ``plan_batch`` of one request. The batch planner is vectorised over
+requests, pages and tokens at once (numpy; no Python loop over tokens or pages), and every request is
+planned on its own, with its own phase, before the results are flattened in request order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from .config import CPConfig, check_int
+from .errors import PlanError, UnsupportedPagePlan
+
+_I64 = np.int64
+
+
+def owner_lane_phase(prefix_len: int, page_size: int, req_index: int, cp_size: int) -> int:
+    """Rotation phase of one request: ``((prefix_len // page_size) + req_index) % cp_size`` (SPEC C-PHASE).
+
+    Args:
+        prefix_len: tokens already cached (int >= 0).
+        page_size: tokens per page (int >= 1).
+        req_index: position of the request in its batch (int >= 0).
+        cp_size: ranks in the CP group (int >= 1).
+
+    Returns:
+        The lane (int in ``[0, cp_size)``) that owns zigzag segment 0 of the request's new pages.
+
+    Raises:
+        PlanError: a negative length or index; ConfigError: ``page_size < 1`` or ``cp_size < 1``.
+    """
+    page_size = check_int("page_size", page_size, 1)
+    cp_size = check_int("cp_size", cp_size, 1)
+    prefix_len = _check_len("prefix_len", prefix_len)
+    req_index = _check_len("req_index", req_index)
+    return (prefix_len // page_size + req_index) % cp_size
+
+
+def _check_len(name: str, value: object) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise PlanError(f"{name} must be an integer, got {value!r}")
+    value = int(value)  # type: ignore[call-overload]
+    if value < 0:
+        raise PlanError(f"{name}={value} must be >= 0")
+    return value
+
+
+@dataclass(frozen=True, eq=False)
+class RequestPlan:
+    """Owner plan of one request (SPEC section 10). All arrays are read-only numpy int64.
+
+    Attributes:
+        prefix_len: tokens already cached (L0).
+        extend_len: new tokens computed in this forward (E).
+        req_index: position of the request in its batch.
+        phase: lane of zigzag segment 0 (C-PHASE, or the explicit ``phase=``).
+        head_owner: lane of the partly filled last prefix page, or None.
+        head_tokens: extend tokens that fill that page, ``h = min(E, P - L0 % P)`` or 0 (C-HEAD).
+        page_owners: ``[m]`` owner lane of each new page, in page order (C-ZIGZAG).
+        token_owner: ``[E]`` rank that computes (and owns) each extend token (C-OWNER-EQ-COMPUTE).
+        per_rank_tokens: ``[C]`` extend tokens computed by each rank; sums to E.
+        last_token_owner: rank holding the last extend token, -1 when E == 0.
+    """
+
+    prefix_len: int
+    extend_len: int
+    req_index: int
+    phase: int
+    head_owner: int | None
+    head_tokens: int
+    page_owners: np.ndarray
+    token_owner: np.ndarray
+    per_rank_tokens: np.ndarray
+    last_token_owner: int
+
+    @property
+    def num_new_pages(self) -> int:
+        """New pages the request needs (m), in pages."""
+        return int(self.page_owners.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class BatchPlan:
+    """Owner plan of a batch, planned request by request and flattened in request order (C-BATCH).
+
+    Attributes:
+        config: the ``CPConfig`` the plan was made with.
+        prefix_lens, extend_lens: ``[B]`` int64, tokens.
+        head_owners: ``[B]`` int64, -1 where a request has no head owner.
+        request_phases: ``[B]`` int64 phase of each request.
+        page_owners: ``[sum m]`` int64 owners of all new pages, request order.
+        page_indptr: ``[B + 1]`` int64, request i's pages are ``page_owners[page_indptr[i]:page_indptr[i+1]]``.
+        extend_indptr: ``[B + 1]`` int64 cumulative extend lengths (``cum_E``), tokens.
+        head_tokens: ``[B]`` int64 head tokens of each request (C-HEAD).
+        token_owner: ``[sum E]`` int64 computing rank of every extend token, flat order.
+        per_request_rank_tokens: ``[B, C]`` int64 extend tokens per request and rank.
+        per_rank_tokens: ``[C]`` int64 extend tokens per rank, summed over the batch.
+        last_token_owner: ``[B]`` int64 rank of each request's last token (-1 when E == 0).
+        max_rank_tokens: M = max(per_rank_tokens), rows of each rank's all-gather buffer.
+        gather_index: ``[sum E]`` int64; ``gathered[gather_index]`` is the flat order (C-GATHER).
+        req_indices: ``[B]`` int64 ``req_index`` of each request (0..B-1 for ``plan_batch``).
+        token_runs: the same tokens in run-length form (``TokenRuns``), for slot and index expansion.
+    """
+
+    config: CPConfig
+    prefix_lens: np.ndarray
+    extend_lens: np.ndarray
+    head_owners: np.ndarray
+    request_phases: np.ndarray
+    page_owners: np.ndarray
+    page_indptr: np.ndarray
+    extend_indptr: np.ndarray
+    head_tokens: np.ndarray
+    token_owner: np.ndarray
+    per_request_rank_tokens: np.ndarray
+    per_rank_tokens: np.ndarray
+    last_token_owner: np.ndarray
+    max_rank_tokens: int
+    gather_index: np.ndarray
+    req_indices: np.ndarray
+    token_runs: TokenRuns = field(repr=False)
+
+    @property
+    def num_requests(self) -> int:
+        """B, requests in the batch."""
+        return int(self.extend_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """Total extend tokens of the batch (sum E)."""
+        return int(self.token_owner.shape[0])
+
+    @cached_property
+    def requests(self) -> tuple[RequestPlan, ...]:
+        """Per-request plans (views into the flat arrays), in batch order."""
+        return tuple(self._request(i) for i in range(self.num_requests))
+
+    def _request(self, i: int) -> RequestPlan:
+        head = int(self.head_owners[i])
+        t0, t1 = self.extend_indptr[i], self.extend_indptr[i + 1]
+        return RequestPlan(
+            prefix_len=int(self.prefix_lens[i]),
+            extend_len=int(self.extend_lens[i]),
+            req_index=int(self.req_indices[i]),
+            phase=int(self.request_phases[i]),
+            head_owner=None if head < 0 else head,
+            head_tokens=int(self.head_tokens[i]),
+            page_owners=self.page_owners[self.page_indptr[i] : self.page_indptr[i + 1]],
+            token_owner=self.token_owner[t0:t1],
+            per_rank_tokens=self.per_request_rank_tokens[i],
+            last_token_owner=int(self.last_token_owner[i]),
+        )
+
+
+def plan_request(
+    prefix_len: int,
+    extend_len: int,
+    config: CPConfig,
+    *,
+    req_index: int = 0,
+    head_owner: int | None = None,
+    phase: int | None = None,
+) -> RequestPlan:
+    """Plan the owners of one request's extend tokens (SPEC C-PHASE, C-ZIGZAG, C-HEAD).
+
+    The same code path as ``plan_batch`` (C-BS1-COMPATIBILITY): this is the batch planner on a batch of
+    one whose request sits at ``req_index``.
+
+    Args:
+        prefix_len: tokens already in the KV cache (L0 >= 0).
+        extend_len: new tokens (E >= 0).
+        config: the CP group's ``CPConfig`` (cp_size, page_size, owner_policy).
+        req_index: position of the request in its batch; enters the rotation phase.
+        head_owner: lane of the page holding ``last_loc`` (needed when ``L0 % P != 0`` and ``E > 0``).
+        phase: explicit phase in ``[0, C)`` (used by the ``balanced`` allocator); overrides the policy.
+
+    Returns:
+        A ``RequestPlan``; e.g. C=4, P=64, L0=0, E=1000: page_owners ``[0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0]``.
+
+    Raises:
+        PlanError: negative lengths or index, phase or head owner out of range (message names the value).
+        UnsupportedPagePlan: head tokens to compute but no head owner.
+    """
+    req_index = _check_len("req_index", req_index)
+    phases = None if phase is None else [phase]
+    plan = _plan(
+        [prefix_len], [extend_len], config, head_owners=[head_owner], phases=phases, first_index=req_index
+    )
+    return plan.requests[0]
+
+
+def plan_batch(
+    prefix_lens: Sequence[int] | np.ndarray,
+    extend_lens: Sequence[int] | np.ndarray,
+    config: CPConfig,
+    *,
+    head_owners: Sequence[int | None] | np.ndarray | None = None,
+    phases: Sequence[int] | np.ndarray | None = None,
+) -> BatchPlan:
+    """Plan a batch request by request (``req_index`` = batch position) and flatten (SPEC C-BATCH).
+
+    Args:
+        prefix_lens: ``[B]`` tokens already cached per request (ints >= 0; list, numpy or CPU tensor).
+        extend_lens: ``[B]`` new tokens per request (ints >= 0; a request with E == 0 contributes nothing).
+        config: the CP group's ``CPConfig``.
+        head_owners: ``[B]`` lane of each request's ``last_loc`` page; None or -1 for "none".
+        phases: ``[B]`` explicit phases in ``[0, C)``; None applies ``config.owner_policy``
+            (``balanced`` without phases falls back to the rotation rule, C-BALANCED).
+
+    Returns:
+        A ``BatchPlan`` with flat ``token_owner``, ``gather_index`` and per-request plans.
+
+    Raises:
+        PlanError: mismatched lengths, negative lengths, out-of-range head owner or phase; the message
+            names the request index and the value.
+        UnsupportedPagePlan: a request with head tokens and no head owner (C-HEAD).
+    """
+    return _plan(prefix_lens, extend_lens, config, head_owners=head_owners, phases=phases, first_index=0)
+
+
+def _as_int_array(name: str, values: object, n: int | None) -> np.ndarray:
+    """``values`` as a 1-D int64 numpy array of length ``n`` (when given), or PlanError."""
+    if hasattr(values, "detach"):  # torch tensor
+        values = values.detach().cpu().numpy()
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise PlanError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise PlanError(f"{name} must hold integers, got dtype {arr.dtype}: {arr[:8].tolist()}")
+    if n is not None and arr.shape[0] != n:
+        raise PlanError(f"{name} has {arr.shape[0]} entries but prefix_lens has {n}")
+    return arr.astype(_I64, copy=False)
+
+
+def _optional_lanes(name: str, values: object, n: int, cp_size: int) -> np.ndarray:
+    """Head owners or phases as int64 ``[n]`` with -1 for None; PlanError when out of ``[0, C)``."""
+    if values is None:
+        return np.full(n, -1, dtype=_I64)
+    if not isinstance(values, np.ndarray) and not hasattr(values, "detach"):
+        values = [-1 if v is None else v for v in values]  # type: ignore[union-attr]
+    arr = _as_int_array(name, values, n)
+    bad = np.flatnonzero((arr < -1) | (arr >= cp_size))
+    if bad.size:
+        i = int(bad[0])
+        raise PlanError(f"request {i}: {name[:-1]}={int(arr[i])} out of range [0, {cp_size})")
+    return arr
+
+
+def _lengths(prefix_lens, extend_lens, first_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(prefix_lens, extend_lens)`` as int64 ``[B]`` arrays; PlanError naming the request and value."""
+    L0 = _as_int_array("prefix_lens", prefix_lens, None)
+    E = _as_int_array("extend_lens", extend_lens, L0.shape[0])
+    for name, arr in (("prefix_len", L0), ("extend_len", E)):
+        i = _first_bad(arr < 0)
+        if i is not None:
+            raise PlanError(f"request {i + first_index}: {name}={int(arr[i])} must be >= 0")
+    return L0, E
+
+
+def _first_bad(mask: np.ndarray) -> int | None:
+    bad = np.flatnonzero(mask)
+    return int(bad[0]) if bad.size else None
+
+
+def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index: int) -> BatchPlan:
+    """The single planner behind ``plan_request`` and ``plan_batch`` (C-BS1-COMPATIBILITY)."""
+    if not isinstance(config, CPConfig):
+        raise PlanError(f"config must be a CPConfig, got {type(config).__name__}")
+    C, P = config.cp_size, config.page_size
+    L0, E = _lengths(prefix_lens, extend_lens, first_index)
+    B = L0.shape[0]
+    head = _optional_lanes("head_owners", head_owners, B, C)
+    req_idx = np.arange(first_index, first_index + B, dtype=_I64)
+
+    # C-HEAD: h = min(E, P - L0 % P) head tokens fill the partly filled last prefix page.
+    rem = L0 % P
+    h = np.where(rem != 0, np.minimum(E, P - rem), 0)
+    i = _first_bad((h > 0) & (head < 0))
+    if i is not None:
+        raise UnsupportedPagePlan(
+            f"request {i + first_index}: prefix_len={int(L0[i])} is not a multiple of page_size={P} and "
+            f"extend_len={int(E[i])} > 0, so head_owner (the lane of the page holding last_loc) is required"
+        )
+
+    # C-PHASE: explicit phases win; else rotation (balanced without phases uses rotation) or legacy 0.
+    if phases is not None:
+        phase = _optional_lanes("phases", phases, B, C)
+        i = _first_bad(phase < 0)
+        if i is not None:
+            raise PlanError(f"request {i + first_index}: phase={int(phase[i])} out of range [0, {C})")
+    elif config.owner_policy == "legacy":
+        phase = np.zeros(B, dtype=_I64)
+    else:
+        phase = (L0 // P + req_idx) % C
+
+    page_owners, page_indptr = _zigzag_page_owners(L0, E, phase, C, P)
+    runs = _token_runs(L0, E, h, head, page_owners, page_indptr, P)
+    token_owner = np.repeat(runs.owner, runs.length)
+    per_req = np.bincount(runs.req * C + runs.owner, weights=runs.length, minlength=B * C)
+    per_req = per_req.astype(_I64).reshape(B, C)
+    per_rank = per_req.sum(axis=0, dtype=_I64)
+    max_rank = int(per_rank.max()) if C else 0
+    gather_index = _gather_index(runs, per_rank, max_rank)
+
+    # Last token's owner: the last new page's owner, else the head owner (all tokens are head), else -1.
+    m = np.diff(page_indptr)
+    last_page = page_owners[np.maximum(page_indptr[1:] - 1, 0)] if page_owners.size else np.zeros(B, _I64)
+    last_owner = np.where(m > 0, last_page, np.where(h > 0, head, -1))
+
+    arrays = dict(
+        prefix_lens=L0, extend_lens=E, head_owners=head, request_phases=phase, page_owners=page_owners,
+        page_indptr=page_indptr, extend_indptr=_indptr(E), head_tokens=h, token_owner=token_owner,
+        per_request_rank_tokens=per_req, per_rank_tokens=per_rank, last_token_owner=last_owner,
+        gather_index=gather_index, req_indices=req_idx,
+    )  # fmt: skip
+    for arr in arrays.values():
+        arr.setflags(write=False)
+    return BatchPlan(config=config, max_rank_tokens=max_rank, token_runs=runs, **arrays)
+
+
+def _indptr(counts: np.ndarray) -> np.ndarray:
+    out = np.zeros(counts.shape[0] + 1, dtype=_I64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def zigzag_lane_pages(num_pages: int, phase: int, cp_size: int) -> np.ndarray:
+    """Pages per lane of a request with ``num_pages`` new pages and ``phase`` (C-ZIGZAG), int64 ``[C]``.
+
+    Zigzag rank z holds segments z and 2C-1-z, each ``m // 2C`` pages plus one for the first
+    ``m % 2C`` segments; lane ``(z + phase) % C``. Example m=16, C=4, phase 1 -> [4, 4, 4, 4];
+    m=3, C=4, phase 1 -> [0, 1, 1, 1]. O(C), used by the ``balanced`` policy (C-BALANCED).
+    """
+    C = cp_size
+    base, rem = divmod(num_pages, 2 * C)
+    z = np.arange(C, dtype=_I64)
+    per_z = 2 * base + (z < rem) + (2 * C - 1 - z < rem)
+    return np.roll(per_z, phase)
+
+
+def _zigzag_page_owners(L0, E, phase, C: int, P: int):
+    """C-ZIGZAG owners of every request's new pages: ``([sum m] int64, [B+1] int64 page_indptr)``.
+
+    Request with m pages: 2C segments of ``base = m // 2C`` pages, the first ``rem = m % 2C`` one more.
+    Page k lies in segment ``k // (base+1)`` while ``k < rem*(base+1)``, else ``rem + (k - rem*(base+1)) // base``.
+    Segment s goes to zigzag rank ``z = s if s < C else 2C-1-s``; owner ``(z + phase) % C``.
+    Example C=4, m=16, phase 0: base 2, rem 0 -> segments 0..7 -> z 0,1,2,3,3,2,1,0
+    -> owners [0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0].
+    """
+    first_new = -(-L0 // P)  # ceil(L0 / P): the partly filled prefix page is not new
+    end = -(-(L0 + E) // P)
+    m = end - first_new
+    page_indptr = _indptr(m)
+    total = int(page_indptr[-1])
+    req_of_page = np.repeat(np.arange(m.shape[0], dtype=_I64), m)
+    k = np.arange(total, dtype=_I64) - page_indptr[:-1][req_of_page]
+    base = (m // (2 * C))[req_of_page]
+    rem = (m % (2 * C))[req_of_page]
+    boundary = rem * (base + 1)
+    seg = np.where(k < boundary, k // (base + 1), rem + (k - boundary) // np.maximum(base, 1))
+    z = np.where(seg < C, seg, 2 * C - 1 - seg)
+    return (z + phase[req_of_page]) % C, page_indptr
+
+
+@dataclass(frozen=True)
+class TokenRuns:
+    """Run-length form of a batch's extend tokens, flat order: per request a head run, then one run per page.
+
+    Attributes:
+        req: ``[R]`` int64 request of each run.
+        owner: ``[R]`` int64 owning rank (0 for an empty head run).
+        length: ``[R]`` int64 tokens of each run (a head run may be empty; a page run holds P, the
+            request's last page only up to ``prefix_len + extend_len``).
+        is_page: ``[R]`` bool, True for the run of a new page (their order is ``page_owners`` order).
+    """
+
+    req: np.ndarray
+    owner: np.ndarray
+    length: np.ndarray
+    is_page: np.ndarray
+
+    def expand(self, run_start: np.ndarray) -> np.ndarray:
+        """``[sum length]`` int64: run j's tokens get ``run_start[j], run_start[j] + 1, ...``.
+
+        Example lengths [2, 0, 3], starts [10, 99, 50] -> [10, 11, 50, 51, 52].
+        """
+        n = int(self.length.sum())
+        flat_start = np.cumsum(self.length) - self.length
+        return np.arange(n, dtype=_I64) + np.repeat(run_start - flat_start, self.length)
+
+
+def _token_runs(L0, E, h, head, page_owners, page_indptr, P: int) -> TokenRuns:
+    """Per request: a head run of h tokens (maybe empty), then one run per new page (P tokens, last partial).
+
+    Example P=64, L0=100, E=200: head 28 tokens (positions 100..127), pages 2,3,4 hold 64, 64, 44 tokens.
+    """
+    B = L0.shape[0]
+    m = np.diff(page_indptr)
+    n_runs = m + 1
+    run_indptr = _indptr(n_runs)
+    R = int(run_indptr[-1])
+    req = np.repeat(np.arange(B, dtype=_I64), n_runs)
+    owner = np.empty(R, dtype=_I64)
+    length = np.full(R, P, dtype=_I64)
+    head_pos = run_indptr[:-1]
+    is_page = np.ones(R, dtype=bool)
+    is_page[head_pos] = False
+    owner[head_pos] = np.maximum(head, 0)
+    length[head_pos] = h
+    owner[is_page] = page_owners
+    # Last page of each request holds only the tokens up to L0 + E.
+    last = run_indptr[1:] - 1
+    has_pages = m > 0
+    end = -(-(L0 + E) // P)
+    length[last[has_pages]] = (L0 + E - (end - 1) * P)[has_pages]
+    return TokenRuns(req=req, owner=owner, length=length, is_page=is_page)
+
+
+def _gather_index(runs: TokenRuns, per_rank: np.ndarray, M: int) -> np.ndarray:
+    """C-GATHER index: ``token_owner[t] * M + (rank of t among its owner's tokens, ascending flat order)``.
+
+    Worked at run granularity: run j with owner r starts at flat token f_j and at local row l_j (tokens of
+    earlier runs owned by r), so its tokens map to ``r*M + l_j + (t - f_j)``.
+    Example C=2, token_owner [0,0,1,1,0]: M=3, gather_index [0,1,3,4,2].
+    """
+    owner, length = runs.owner, runs.length
+    key = owner.astype(np.int16) if per_rank.shape[0] <= np.iinfo(np.int16).max else owner
+    order = np.argsort(key, kind="stable")  # radix sort for int16 keys: O(R)
+    sorted_len = length[order]
+    local_sorted = np.cumsum(sorted_len) - sorted_len  # offset over all earlier (rank, run) pairs
+    rank_start = np.cumsum(per_rank) - per_rank
+    local = np.empty_like(local_sorted)
+    local[order] = local_sorted - rank_start[owner[order]]
+    return runs.expand(owner * M + local)
