@@ -23,7 +23,8 @@ demo: install
 	$(BIN)/cpkv plan --prefix-len 100 --extend-len 200 --page-size 64 --cp-size 4 --head-owner 1
 
 test: install
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m cpkv.gov check --spec ../shared/design/SPEC.md
 	$(BIN)/python -m pytest -q
 
 lint: install
