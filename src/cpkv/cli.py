@@ -65,6 +65,59 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
         print_plan(summary)
 
 
+@app.command()
+@click.option("--trace", type=click.Path(path_type=Path), default=None, help="Mooncake-format JSONL trace.")
+@click.option("--workload", type=click.Choice(["synthetic", "tiny-chunks"]), default=None,
+              help="Built-in workload when no --trace is given (default: synthetic).")  # fmt: skip
+@click.option("--cp-size", type=int, default=8, show_default=True, help="Ranks in the CP group (C).")
+@click.option("--page-size", type=int, default=64, show_default=True, help="Tokens per KV page (P).")
+@click.option("--pages-per-lane", type=int, default=None,
+              help="Device pages per lane (default 16384; tiny-chunks: sized so the burst needs ~80% of the pool).")
+@click.option("--host-pages-per-lane", type=int, default=0, show_default=True, help="Host-tier pages per lane.")
+@click.option("--chunk-size", type=int, default=None, help="Most tokens a request prefills per step [8192].")
+@click.option("--max-batch-tokens", type=int, default=None, help="Most prefill tokens per step [2 x chunk size].")
+@click.option("--logits-budget-mb", type=float, default=0.0, show_default=True,
+              help="MQA-logits buffer budget per rank in MiB (0: off).")  # fmt: skip
+@click.option("--colocated-decode", is_flag=True, help="Keep pages for output_length decode steps.")
+@click.option("--policy", "policies", multiple=True, default=["all"], show_default=True,
+              type=click.Choice(["rotation", "legacy", "balanced", "all"]), help="Owner policy; repeatable.")
+@click.option("--max-requests", type=int, default=None, help="Replay only the first N requests.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the built-in workloads.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("out/simulate"),
+              show_default=True, help="Directory for report.json, summary.csv, lanes.png.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per_lane, chunk_size,
+             max_batch_tokens, logits_budget_mb, colocated_decode, policies, max_requests, seed, out_dir,
+             no_progress) -> None:  # fmt: skip
+    """Replay traffic through one CP prefill group under each owner policy; write a side-by-side report."""
+    from .sim.config import SimConfig, check_policies
+    from .sim.runner import simulate as run_simulation
+    from .sim.workload import build_workload, default_pages_per_lane
+
+    if trace is not None and workload is not None:
+        raise InputError(f"give --trace or --workload, not both (got --workload {workload})")
+    name = "trace" if trace is not None else workload or "synthetic"
+    spec = build_workload(name, num_requests=max_requests, seed=seed, trace_path=trace)
+    chunk = chunk_size or (spec.chunk_pages * page_size if spec.chunk_pages else 8192)
+    config = SimConfig(
+        cp_size=cp_size, page_size=page_size, host_pages_per_lane=host_pages_per_lane, chunk_size=chunk,
+        pages_per_lane=pages_per_lane or default_pages_per_lane(spec, cp_size, page_size),
+        max_batch_tokens=max_batch_tokens or max(2 * chunk, 16384), logits_budget_mb=logits_budget_mb,
+        colocated_decode=colocated_decode, seed=seed,
+    )  # fmt: skip
+    result = run_simulation(config, spec, check_policies(list(policies)), out_dir=out_dir, progress=not no_progress)
+    click.echo(f"wrote {', '.join(str(p) for p in result.paths)}")
+
+
+def _add_run_dist() -> None:
+    from .dist.cli_entry import run_dist_cli  # one definition, shared with ``python -m cpkv.dist``
+
+    app.add_command(run_dist_cli)
+
+
+_add_run_dist()
+
+
 def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:
     """Read ``[{"prefix_len": int, "extend_len": int, "head_owner"?: int | null}, ...]`` from ``path``.
 

@@ -1,0 +1,198 @@
+"""Replicated scheduler: every rank replays rank 0's allocator and prefix-cache decisions.
+
+No page id is ever broadcast. Every rank builds the same ``OwnerLaneAllocator`` and ``PrefixCache`` and
+makes the same calls in the same order on the same workload, so every rank holds the same
+``out_cache_loc``, ``req_to_token`` rows and plans (SPEC C-ALLOC: the same call sequence yields the same
+pages). ``digest()`` summarises that state; the executor's debug mode all-gathers it to prove it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..allocator import ExtendAllocation, OwnerLaneAllocator
+from ..config import CPConfig
+from ..errors import LaneExhausted, PlanError
+from ..prefix_cache import PrefixCache
+from .workload import Workload
+
+_I64 = np.int64
+
+
+@dataclass(frozen=True, eq=False)
+class ForwardBatch:
+    """One forward's schedule, identical on every rank.
+
+    Attributes:
+        index: forward number in the workload.
+        request_ids: ``[B]`` int64 request ids in batch order.
+        alloc: the ``ExtendAllocation`` (``plan``, ``out_cache_loc [N]`` torch.int64, ``new_pages``).
+        token_ids: ``[N]`` torch.int64 token ids of the extend tokens, flat (request order).
+        positions: ``[N]`` torch.int64 global position of each extend token in its request.
+        token_req: ``[N]`` int64 numpy batch index of each extend token.
+        kv_slots: per request ``[L0 + E]`` torch.int64 slots of positions ``0 .. L0+E-1`` (prefix, then
+            this forward's tokens): the keys its queries read.
+    """
+
+    index: int
+    request_ids: np.ndarray
+    alloc: ExtendAllocation
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    token_req: np.ndarray
+    kv_slots: tuple[torch.Tensor, ...]
+
+    @property
+    def out_cache_loc(self) -> torch.Tensor:
+        """``[N]`` torch.int64 slot of every extend token, flat (SPEC section 2)."""
+        return self.alloc.out_cache_loc
+
+
+class ReplicatedScheduler:
+    """Allocator, prefix cache and ``req_to_token`` of one CP group; the same on every rank.
+
+    Args:
+        config: the group's ``CPConfig`` (cp_size, page_size, owner_policy).
+        pages_per_lane: Q, pages per lane.
+        workload: the requests and forwards.
+        prefix_cache: whether requests share pages through a ``PrefixCache`` (match on a request's
+            first forward, insert after each forward).
+        host_pages_per_lane: host-tier capacity of the cache (0: evicted pages are dropped).
+        backup_fn, restore_fn: the cache's host-tier hooks (see ``PrefixCache``); the executor passes
+            functions that copy a page's rows on its owner rank only.
+        device: torch device of the slot tensors.
+    """
+
+    def __init__(
+        self, config: CPConfig, pages_per_lane: int, workload: Workload, *, prefix_cache: bool = True,
+        host_pages_per_lane: int = 0, backup_fn=None, restore_fn=None, device: str | torch.device = "cpu",
+    ) -> None:  # fmt: skip
+        self.config = config
+        self.workload = workload
+        self.device = torch.device(device)
+        self.allocator = OwnerLaneAllocator(config, pages_per_lane, device=self.device)
+        self.cache = (
+            PrefixCache(
+                self.allocator,
+                host_pages_per_lane=host_pages_per_lane,
+                backup_fn=backup_fn,
+                restore_fn=restore_fn,
+            )  # fmt: skip
+            if prefix_cache
+            else None
+        )
+        self.req_to_token: dict[int, np.ndarray] = {}  # request id -> [len] int64 slots
+        self._handle: dict[int, object] = {}  # request id -> locked cache handle
+        self.cache_hit_tokens: dict[int, int] = {}  # request id -> tokens matched on its first forward
+
+    # -------------------------------------------------------------------------------------- schedule
+    def schedule(self, index: int) -> ForwardBatch:
+        """Plan and allocate forward ``index``; the allocation itself is atomic (C-ATOMIC).
+
+        A request seen for the first time matches the prefix cache on ``token_ids[:end-1]`` (so it
+        computes at least one token), loading host-only pages back on their recorded lanes. When a lane
+        is short, the cache evicts on that lane and allocation is retried (at most ``cp_size`` times).
+
+        Raises:
+            PlanError: an ``end`` at or before what the request already holds, or past its tokens.
+            LaneExhausted: a lane is still short after eviction.
+        """
+        if index in self.workload.flush_before and self.cache is not None:
+            self.flush_cache()
+        step = self.workload.forwards[index]
+        for rid, end in step:
+            if rid not in self.req_to_token:
+                self._start(rid, end)
+        rids = np.asarray([rid for rid, _ in step], dtype=_I64)
+        L0 = np.asarray([self.req_to_token[rid].shape[0] for rid, _ in step], dtype=_I64)
+        ends = np.asarray([end for _, end in step], dtype=_I64)
+        for rid, l0, end in zip(rids.tolist(), L0.tolist(), ends.tolist(), strict=True):
+            if not l0 < end <= len(self.workload.requests[rid]):
+                raise PlanError(
+                    f"forward {index}: request {rid} holds {l0} tokens, cannot advance to end={end} "
+                    f"(it has {len(self.workload.requests[rid])} tokens)"
+                )
+        last = np.asarray(
+            [r[-1] if r.shape[0] else -1 for r in (self.req_to_token[x] for x in rids.tolist())], _I64
+        )
+        alloc = self._alloc(L0, ends - L0, last)
+        loc = alloc.out_cache_loc.cpu().numpy()
+        indptr = alloc.plan.extend_indptr
+        slots, tokens, positions = [], [], []
+        for i, rid in enumerate(rids.tolist()):
+            row = np.concatenate([self.req_to_token[rid], loc[indptr[i] : indptr[i + 1]]])
+            self.req_to_token[rid] = row
+            slots.append(torch.from_numpy(row.copy()).to(self.device))
+            tokens.append(np.asarray(self.workload.requests[rid][L0[i] : ends[i]], dtype=_I64))
+            positions.append(np.arange(L0[i], ends[i], dtype=_I64))
+        return ForwardBatch(
+            index=index, request_ids=rids, alloc=alloc,
+            token_ids=torch.from_numpy(np.concatenate(tokens)).to(self.device),
+            positions=torch.from_numpy(np.concatenate(positions)).to(self.device),
+            token_req=np.repeat(np.arange(rids.shape[0], dtype=_I64), ends - L0),
+            kv_slots=tuple(slots),
+        )  # fmt: skip
+
+    def finish(self, batch: ForwardBatch) -> None:
+        """After a forward: hand full pages to the prefix cache; release finished requests' pages."""
+        for rid in batch.request_ids.tolist():
+            row = self.req_to_token[rid]
+            done = row.shape[0] == len(self.workload.requests[rid])
+            if self.cache is not None:
+                res = self.cache.insert(self.workload.requests[rid][: row.shape[0]], row)
+                row = np.concatenate([res.slots, row[res.slots.shape[0] :]])
+                self.req_to_token[rid] = row
+                self.cache.lock(res.handle)
+                self.cache.unlock(self._handle[rid])
+                self._handle[rid] = res.handle
+                tail = row[res.slots.shape[0] :]  # the partial last page, still the request's own
+            else:
+                tail = row
+            if done:
+                if self.cache is not None:
+                    self.cache.unlock(self._handle.pop(rid))
+                self.allocator.free(np.unique(tail // self.config.page_size))
+                del self.req_to_token[rid]
+
+    def flush_cache(self) -> None:
+        """Evict every unlocked cached page of every lane (to the host tier where it has room)."""
+        assert self.cache is not None
+        for lane in range(self.config.cp_size):
+            self.cache.evict(lane, int(self.cache.evictable_pages_per_lane()[lane]))
+
+    def digest(self) -> str:
+        """SHA-256 of allocator state, every ``req_to_token`` row and the cache's entries (replica check)."""
+        h = hashlib.sha256(self.allocator.state_digest().encode())
+        for rid in sorted(self.req_to_token):
+            h.update(np.int64(rid).tobytes() + self.req_to_token[rid].tobytes())
+        if self.cache is not None:
+            h.update(repr(sorted(tuple(e[:5]) for e in self.cache.entries())).encode())
+        return h.hexdigest()
+
+    # ---------------------------------------------------------------------------------------- private
+    def _start(self, rid: int, end: int) -> None:
+        """First forward of ``rid``: its ``req_to_token`` row is the cache hit (page aligned) or empty."""
+        if self.cache is None:
+            self.req_to_token[rid] = np.zeros(0, dtype=_I64)
+            self.cache_hit_tokens[rid] = 0
+            return
+        match = self.cache.match_prefix(self.workload.requests[rid][: max(end - 1, 0)])
+        if match.host_len:
+            match = self.cache.load_back(match)
+        self.cache.lock(match.handle)
+        self._handle[rid] = match.handle
+        self.req_to_token[rid] = match.device_slots.copy()
+        self.cache_hit_tokens[rid] = match.device_len
+
+    def _alloc(self, L0: np.ndarray, E: np.ndarray, last: np.ndarray) -> ExtendAllocation:
+        for _ in range(self.config.cp_size):
+            try:
+                return self.allocator.alloc_extend(L0, E, last)
+            except LaneExhausted as e:
+                if self.cache is None or self.cache.evict(e.lane, e.needed - e.available) == 0:
+                    raise
+        return self.allocator.alloc_extend(L0, E, last)

@@ -1,0 +1,166 @@
+"""CP prefill on C real processes equals the single-process reference (SPEC C-LAYOUT, C-GATHER,
+C-OWNER-EQ-COMPUTE, C-RELOAD), for C in {1, 2, 4} and page_size in {1, 16, 64}, under every policy.
+
+One spawned gloo group per C runs every case of the matrix in turn (spawning dominates the cost on a
+2-core CI machine). Each case's workload has, in one batch, a fresh request, a page-aligned prefix, an
+unaligned prefix and short extends (< 2*C), spread over 3 chunked forwards, then a wave of requests that
+hit the prefix cache. Every rank audits its own writes (ranks take turns and diff the whole buffer).
+"""
+
+import numpy as np
+import pytest
+
+import oracle
+from cpkv.dist import DistCase, TinyDecoderConfig, make_workload, run_dist
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+
+TOL = 1e-5
+PAGE_SIZES = (1, 16, 64)
+POLICIES = ("rotation", "legacy", "balanced")
+SMALL_MLA = TinyDecoderConfig(kv_lora_rank=48, rope_dim=16, seed=3)  # 64-wide latent rows
+
+
+def workload(C: int, P: int, *, reload: bool = False):
+    """Fresh E = 2C-1; aligned L0 = 2P; unaligned L0 = P+3; L0 = 0 with E = 4P+7; 3 chunks; reuse wave."""
+    prefix = [0, 2 * P, P + 3, 0]
+    extend = [2 * C - 1, 3 * P + 5, 5, 4 * P + 7]
+    return prefix, extend, make_workload(prefix, extend, chunks=3, seed=11 * C + P, reuse=True, reload=reload)
+
+
+def cases_for(C: int) -> list[DistCase]:
+    cases = [
+        DistCase(
+            workload=workload(C, P)[2],
+            page_size=P,
+            policy=pol,
+            model=SMALL_MLA,
+            audit_writes=True,
+            name=f"P{P}-{pol}",
+        )  # fmt: skip
+        for P in PAGE_SIZES
+        for pol in POLICIES
+    ]
+    # The 576-wide MLA default, MHA on the replicated (GPU-style) storage, and host-tier load-back.
+    cases.append(DistCase(workload=workload(C, 16)[2], page_size=16, name="mla576"))
+    mha = TinyDecoderConfig(kv_mode="mha", num_layers=3, seed=5)
+    cases.append(DistCase(workload=workload(C, 16)[2], page_size=16, kv_storage="replicated", audit_writes=True,
+                          model=mha, name="mha-replicated"))  # fmt: skip
+    cases.append(DistCase(workload=workload(C, 16, reload=True)[2], page_size=16, model=SMALL_MLA,
+                          host_pages_per_lane=64, audit_writes=True, name="reload"))  # fmt: skip
+    return cases
+
+
+@pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda c: f"C{c}")
+def run(request):
+    C = request.param
+    return C, run_dist(cases_for(C), C, backend="gloo", timeout_s=60, deadline_s=240)
+
+
+def by_name(run_, name):
+    C, r = run_
+    return next(x for x in r.results if x.name == name)
+
+
+@pytest.mark.clause("C-GATHER")
+@pytest.mark.clause("C-OWNER-EQ-COMPUTE")
+def test_every_case_matches_single_process_reference(run):
+    C, r = run
+    results = r.results
+    assert len(results) == len(PAGE_SIZES) * len(POLICIES) + 3
+    for res in results:
+        assert res.cp_size == C
+        assert res.max_abs_err is not None and res.max_abs_err <= TOL, (res.name, res.max_abs_err)
+        hidden = res.hidden()
+        assert np.isfinite(hidden).all()
+        # Every forward's every extend token was gathered: rows = sum of extend lengths.
+        assert hidden.shape[0] == sum(sum(f.extend_lens) for f in res.forwards)
+
+
+@pytest.mark.clause("C-GATHER")
+def test_hidden_states_identical_across_policies(run):
+    for P in PAGE_SIZES:
+        ref = by_name(run, f"P{P}-rotation").hidden()
+        for pol in ("legacy", "balanced"):
+            np.testing.assert_allclose(by_name(run, f"P{P}-{pol}").hidden(), ref, rtol=0, atol=TOL)
+
+
+@pytest.mark.clause("C-LAYOUT")
+def test_direct_write_only_own_lane(run):
+    """Each rank, writing alone, changed only rows of its own lane, only its own tokens' rows, which read
+    back through read_slots as written; at the end every row nobody wrote still holds its NaN guard."""
+    C, r = run
+    audited = [res.name for res in r.results if res.name not in ("mla576",)]
+    for outcome in r.outcomes:
+        for res in outcome.result:
+            if res.name not in audited:
+                continue
+            assert res.audits, res.name
+            for a in res.audits:
+                assert a.rank == outcome.rank
+                assert (a.rows_outside_lane, a.rows_unexpected, a.rows_misread) == (0, 0, 0), (res.name, a)
+                assert a.rows_changed <= a.rows_written
+            # rows_written per forward and layer = this rank's share of the plan (owner == compute).
+            share = {f.index: f.per_rank_tokens[outcome.rank] for f in res.forwards}
+            assert all(a.rows_written == share[a.forward] for a in res.audits)
+    for res in r.results:
+        assert res.unwritten_rows_intact is True, res.name
+
+
+@pytest.mark.clause("C-OWNER-EQ-COMPUTE")
+@pytest.mark.clause("C-PHASE")
+def test_each_rank_computes_the_oracle_share(run):
+    """Tokens computed by rank r in each forward = the independent oracle's per_rank_tokens[r]."""
+    C, r = run
+    for k, res0 in enumerate(r.results):
+        P = res0.page_size
+        for f in res0.forwards:
+            pol = res0.policy
+            want = oracle.plan_batch(
+                f.prefix_lens, f.extend_lens, C, P, head_owners=f.head_owners,
+                phases=f.phases if pol == "balanced" else None, policy=pol,
+            )  # fmt: skip
+            assert f.phases == want["request_phases"], (res0.name, f.index)
+            own = [o.result[k].forwards[f.index].own_tokens for o in r.outcomes]
+            assert own == want["per_rank_tokens"] == f.per_rank_tokens, (res0.name, f.index)
+
+
+def test_workload_covers_the_acceptance_matrix(run):
+    """The batches really mix aligned and unaligned prefix hits, short extends and 3+ chunks."""
+    C, r = run
+    for P in PAGE_SIZES:
+        res = by_name(run, f"P{P}-rotation")
+        fw = res.forwards
+        mixed = [
+            f
+            for f in fw
+            if any(L % P for L in f.prefix_lens) and any(L and L % P == 0 for L in f.prefix_lens)
+        ]
+        if P > 1:
+            assert mixed, f"P={P}: no batch mixing aligned and unaligned prefixes"
+        assert any(0 < e < 2 * C for f in fw for e in f.extend_lens)
+        rid_forwards = {}
+        for f in fw:
+            for rid in f.request_ids:
+                rid_forwards[rid] = rid_forwards.get(rid, 0) + 1
+        assert max(rid_forwards.values()) >= 4  # prefix fill + 3 chunks
+        assert res.cache_counters["matched_tokens"] > 0
+        assert any(h > 0 for f in fw for h in f.cache_hit_tokens)
+
+
+@pytest.mark.clause("C-RELOAD")
+def test_reload_from_host_tier_on_owner_lanes(run):
+    """Wave 2 after a cache flush loads pages back on their recorded lanes; only the owner rank holds
+    (and restores) a page's host copy, and the result still equals the reference."""
+    res = by_name(run, "reload")
+    cc = res.cache_counters
+    assert cc["backups"] > 0 and cc["load_backs"] > 0
+    assert cc["load_back_owner_lane_capacity_failed"] == 0
+    assert res.max_abs_err <= TOL
+
+
+def test_mha_on_replicated_storage_and_mla576(run):
+    mha = by_name(run, "mha-replicated")
+    assert mha.kv_storage == "replicated" and mha.max_abs_err <= TOL
+    mla = by_name(run, "mla576")
+    assert mla.kv_storage == "shm" and mla.max_abs_err <= TOL
