@@ -148,22 +148,30 @@ class OwnerLaneAllocator:
                 its ``prefix_len`` (``(last_loc + 1) % P != prefix_len % P``), out of range, or on a free
                 page. LaneExhausted: a lane is short. In every case nothing is allocated.
         """
-        P = self.config.page_size
-        L0, E = _lengths(prefix_lens, extend_lens)
-        last = _as_int_array("last_locs", last_locs, L0.shape[0])
-        head = self._head_owners(L0, last)
-        phases = self._balanced_phases(L0, E) if self.config.owner_policy == "balanced" else None
-        plan = plan_batch(L0, E, self.config, head_owners=head, phases=phases)
+        plan, last = self._plan_extend(prefix_lens, extend_lens, last_locs)
         counts = np.bincount(plan.page_owners, minlength=self.config.cp_size)
         self._check_counts(counts)
         new_pages = self._take(plan.page_owners, counts)
-        runs = plan.token_runs
+        runs, P = plan.token_runs, self.config.page_size
         run_start = np.empty(runs.length.shape[0], dtype=_I64)
         run_start[~runs.is_page] = last + 1  # head tokens continue the last prefix page
         run_start[runs.is_page] = new_pages * P
         out = torch.from_numpy(runs.expand(run_start)).to(self.device)
         new_pages.setflags(write=False)
         return ExtendAllocation(out_cache_loc=out, plan=plan, new_pages=new_pages)
+
+    def plan_extend(self, prefix_lens, extend_lens, last_locs) -> BatchPlan:
+        """The plan ``alloc_extend`` would allocate now, without taking any page (plan, then commit).
+
+        Validates ``last_locs`` and derives head owners as ``alloc_extend`` does; under ``balanced`` the
+        phases reflect the current free pages. A scheduler checks budgets on it (e.g.
+        ``mqa_logits_elements``) before calling ``alloc_extend`` with the same arguments, which yields the
+        same plan while no other call intervenes.
+
+        Raises:
+            PlanError, AllocatorError, UnsupportedPagePlan: as ``alloc_extend``; nothing changes.
+        """
+        return self._plan_extend(prefix_lens, extend_lens, last_locs)[0]
 
     def alloc_decode(self, seq_lens, last_locs) -> ExtendAllocation:
         """Append one token per request: ``alloc_extend(seq_lens, [1] * B, last_locs)`` (SPEC section 7).
@@ -191,12 +199,11 @@ class OwnerLaneAllocator:
         bad = pages[pages == 0]
         if bad.size:
             raise AllocatorError("cannot free page 0: it is reserved for padding writes")
-        bad = pages[pages // C >= self.lane_pages[pages % C]]
+        bad = pages[~self._held(pages)]
         if bad.size:
-            raise AllocatorError(f"cannot free page {int(bad[0])}: beyond lane {int(bad[0]) % C}'s capacity")
-        bad = pages[self._free[pages]]
-        if bad.size:
-            raise AllocatorError(f"cannot free page {int(bad[0])}: it is already free (double free)")
+            p = int(bad[0])
+            why = "it is already free (double free)" if self._free[p] else f"beyond lane {p % C}'s capacity"
+            raise AllocatorError(f"cannot free page {p}: {why}")
         uniq, cnt = np.unique(pages, return_counts=True)
         if (cnt > 1).any():
             raise AllocatorError(f"cannot free page {int(uniq[cnt > 1][0])}: listed more than once")
@@ -209,6 +216,11 @@ class OwnerLaneAllocator:
         self._free[pages] = True
 
     # ---------------------------------------------------------------------------------------- private
+    def _held(self, pages: np.ndarray) -> np.ndarray:
+        """Bool ``[n]``: page is handed out (exists on its lane and is not free); page 0 never is."""
+        C = self.config.cp_size
+        return ~self._free[pages] & (pages // C < self.lane_pages[pages % C]) & (pages != 0)
+
     def _pages_array(self, pages) -> np.ndarray:
         try:
             arr = _as_int_array("pages", pages, None)
@@ -229,6 +241,13 @@ class OwnerLaneAllocator:
             i = int(bad[0])
             raise AllocatorError(f"owners[{i}]={int(arr[i])} out of range [0, {self.config.cp_size})")
         return arr
+
+    def _plan_extend(self, prefix_lens, extend_lens, last_locs) -> tuple[BatchPlan, np.ndarray]:
+        L0, E = _lengths(prefix_lens, extend_lens)
+        last = _as_int_array("last_locs", last_locs, L0.shape[0])
+        head = self._head_owners(L0, last)
+        phases = self._balanced_phases(L0, E) if self.config.owner_policy == "balanced" else None
+        return plan_batch(L0, E, self.config, head_owners=head, phases=phases), last
 
     def _head_owners(self, L0: np.ndarray, last: np.ndarray) -> np.ndarray:
         """Validate ``last_locs`` against ``prefix_lens`` (C-FAIL-FAST) and return lanes (-1: none)."""
@@ -254,10 +273,12 @@ class OwnerLaneAllocator:
                 f"(last_loc + 1) % {P} = {(int(last[i]) + 1) % P} but prefix_len % {P} = {int(L0[i]) % P}"
             )
         page = np.where(has, last // P, 0)
-        bad = np.flatnonzero(has & self._free[page])
+        bad = np.flatnonzero(has & ~self._held(page))
         if bad.size:
             i = int(bad[0])
-            raise AllocatorError(f"request {i}: last_loc={int(last[i])} lies on page {int(page[i])}, which is free")
+            p = int(page[i])
+            why = "is free" if self._free[p] else f"does not exist (lane {p % C} holds {self.lane_pages[p % C]} pages)"
+            raise AllocatorError(f"request {i}: last_loc={int(last[i])} lies on page {p}, which {why}")
         return np.where(has, page % C, -1)
 
     def _balanced_phases(self, L0: np.ndarray, E: np.ndarray) -> np.ndarray:
