@@ -1,0 +1,96 @@
+"""Simulator configuration: one CP prefill group, its KV pool, scheduler and cost model (issue 8)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..config import OWNER_POLICIES, check_int
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """Step-time model of one CP prefill step (documented in ``docs/metrics.md``).
+
+    A rank's work in a step is ``linear_ms_per_token * tokens_r + attn_ms_per_pair * pairs_r`` where
+    ``pairs_r`` counts the causal (query, key) pairs of the rank's queries, prefix keys included. A step
+    lasts ``step_overhead_ms + max_r work_r``: the slowest rank sets the pace, so compute imbalance
+    shows in time to first token. Decode tokens (``--colocated-decode``) add linear work on their rank.
+
+    Attributes:
+        linear_ms_per_token: ms per token for the dense part (projections, MLP), per rank.
+        attn_ms_per_pair: ms per causal (query, key) pair, per rank.
+        step_overhead_ms: fixed ms per step (launch, collectives), not part of ``work_r``.
+    """
+
+    linear_ms_per_token: float = 0.1
+    attn_ms_per_pair: float = 2e-6
+    step_overhead_ms: float = 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    """Configuration of one simulated CP prefill group (issue 8).
+
+    Attributes:
+        cp_size: ranks (C). page_size: tokens per page (P).
+        pages_per_lane: device pages per lane (Q), page 0 reserved.
+        host_pages_per_lane: host-tier pages per lane for evicted prefixes (0: no host tier).
+        chunk_size: most prefill tokens one request advances in one step (chunked prefill), tokens.
+        max_batch_tokens: most prefill tokens of one step over all requests, tokens.
+        max_running: most requests admitted (holding pages) at once.
+        logits_budget_mb: MQA-logits buffer budget per rank, MiB (float32 elements, C-ESTIMATE);
+            0 disables the check.
+        colocated_decode: keep pages after prefill for ``output_length`` decode steps (``alloc_decode``);
+            default False (prefill instance of a P/D-disaggregated deployment: pages go to the cache).
+        livelock_steps: consecutive steps without progress while work is pending that stop a run.
+        seed: seed recorded in the report (workload generators take it).
+        cost: the ``CostModel``.
+
+    Raises:
+        ConfigError: a size below its minimum.
+    """
+
+    cp_size: int = 8
+    page_size: int = 64
+    pages_per_lane: int = 16384
+    host_pages_per_lane: int = 0
+    chunk_size: int = 8192
+    max_batch_tokens: int = 16384
+    max_running: int = 256
+    logits_budget_mb: float = 0.0
+    colocated_decode: bool = False
+    livelock_steps: int = 64
+    seed: int = 0
+    cost: CostModel = field(default_factory=CostModel)
+
+    def __post_init__(self) -> None:
+        for name, minimum in (
+            ("cp_size", 1), ("page_size", 1), ("pages_per_lane", 2), ("host_pages_per_lane", 0),
+            ("chunk_size", 1), ("max_batch_tokens", 1), ("max_running", 1), ("livelock_steps", 1), ("seed", 0),
+        ):  # fmt: skip
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum))
+        if not self.logits_budget_mb >= 0:
+            raise ConfigError(f"logits_budget_mb must be >= 0, got {self.logits_budget_mb!r}")
+
+    @property
+    def logits_budget_elements(self) -> int | None:
+        """The MQA-logits budget per rank in float32 elements, or None when disabled."""
+        return int(self.logits_budget_mb * 2**20 // 4) if self.logits_budget_mb else None
+
+    def to_dict(self) -> dict:
+        """Plain dict for ``report.json``."""
+        return asdict(self)
+
+
+def check_policies(policies: list[str]) -> list[str]:
+    """Validate owner policy names for a run (``all`` expands to every policy); ConfigError otherwise."""
+    out: list[str] = []
+    for p in policies:
+        names = list(OWNER_POLICIES) if p == "all" else [p]
+        for name in names:
+            if name not in OWNER_POLICIES:
+                raise ConfigError(f"policy {name!r} is unknown; use one of {', '.join(OWNER_POLICIES)} or all")
+            if name not in out:
+                out.append(name)
+    return out

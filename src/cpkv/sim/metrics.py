@@ -1,0 +1,82 @@
+"""Per-step recording and the report metrics of SPEC section 11 (defined in ``docs/metrics.md``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class StepRecorder:
+    """Records, per simulated step, the used pages per lane and (prefill steps) the work per rank.
+
+    ``record(time_ms, used, work)``: ``used`` int ``[C]`` device pages in use after the step (cached or
+    held by a request); ``work`` float ``[C]`` cost-model work of each rank (ms), or None for a step
+    that computed no prefill token. Storage grows in blocks, so a 100k-step run costs a few MB.
+    """
+
+    def __init__(self, cp_size: int) -> None:
+        self.cp_size = cp_size
+        self._used: list[np.ndarray] = []
+        self._work: list[np.ndarray] = []
+        self._time: list[float] = []
+
+    def record(self, time_ms: float, used: np.ndarray, work: np.ndarray | None) -> None:
+        """Append one step (see class docstring)."""
+        self._time.append(time_ms)
+        self._used.append(np.asarray(used, dtype=np.int32))
+        if work is not None:
+            self._work.append(np.asarray(work, dtype=np.float64))
+
+    @property
+    def num_steps(self) -> int:
+        """Steps recorded so far."""
+        return len(self._time)
+
+    def used(self) -> np.ndarray:
+        """``[steps, C]`` int32 used pages per lane after each step."""
+        return np.stack(self._used) if self._used else np.zeros((0, self.cp_size), np.int32)
+
+    def times(self) -> np.ndarray:
+        """``[steps]`` float64 simulated end time of each step, ms."""
+        return np.asarray(self._time, dtype=np.float64)
+
+    def work(self) -> np.ndarray:
+        """``[prefill steps, C]`` float64 work per rank, ms."""
+        return np.stack(self._work) if self._work else np.zeros((0, self.cp_size))
+
+
+def lane_metrics(used: np.ndarray, pages_per_lane: int) -> dict:
+    """SPEC section 11 lane metrics from ``used`` ``[steps, C]`` pages.
+
+    Returns ``lane_pages_peak`` (int ``[C]``: ``max_t used_r``), ``lane_imbalance_peak``
+    (``max_t max_r used / max_t mean_r used``), ``lane_imbalance_mean`` (mean over steps with
+    ``mean_r used >= 0.1 * pages_per_lane`` of ``max_r used / mean_r used``; 1.0 when no step qualifies).
+    Example used ``[[2, 0], [4, 2]]``: peak lanes [4, 2], peak imbalance 4 / 3.
+    """
+    if used.shape[0] == 0:
+        return {"lane_pages_peak": [0] * used.shape[1], "lane_imbalance_peak": 1.0, "lane_imbalance_mean": 1.0}
+    used = used.astype(np.float64)
+    mean = used.mean(axis=1)
+    peak_mean = float(mean.max())
+    imbalance_peak = float(used.max()) / peak_mean if peak_mean > 0 else 1.0
+    busy = mean >= 0.1 * pages_per_lane
+    imbalance_mean = float((used[busy].max(axis=1) / mean[busy]).mean()) if busy.any() else 1.0
+    return {
+        "lane_pages_peak": used.max(axis=0).astype(np.int64).tolist(),
+        "lane_imbalance_peak": imbalance_peak,
+        "lane_imbalance_mean": imbalance_mean,
+    }
+
+
+def compute_imbalance_mean(work: np.ndarray) -> float:
+    """Mean over prefill steps of ``max_r work_r / mean_r work_r`` (SPEC section 11); 1.0 with no steps.
+
+    Example work ``[[1, 1], [3, 1]]``: (1 + 1.5) / 2 = 1.25.
+    """
+    mean = work.mean(axis=1) if work.size else np.zeros(0)
+    ok = mean > 0
+    return float((work[ok].max(axis=1) / mean[ok]).mean()) if ok.any() else 1.0
+
+
+def percentile_ms(values: list[float], q: float) -> float | None:
+    """The q-th percentile (linear interpolation) of ``values`` in ms, or None when empty."""
+    return float(np.percentile(np.asarray(values), q)) if values else None

@@ -1,0 +1,121 @@
+"""Simulator end to end: report fields, conservation, livelock, rejection, outputs (issue 8)."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from cpkv.cli import main
+from cpkv.sim.config import SimConfig
+from cpkv.sim.engine import PolicyRun
+from cpkv.sim.metrics import compute_imbalance_mean, lane_metrics
+from cpkv.sim.report import REPORT_FIELDS
+from cpkv.sim.runner import simulate
+from cpkv.sim.workload import Request, WorkloadSpec, build_workload, default_pages_per_lane
+
+pytestmark = pytest.mark.unit
+
+SMALL = SimConfig(cp_size=4, page_size=16, pages_per_lane=4096, chunk_size=512, max_batch_tokens=1024)
+
+
+def _spec(requests, name="synthetic"):
+    return WorkloadSpec(name=name, requests=tuple(requests), chunk_pages=None, description="test")
+
+
+def _check_conservation(metrics, requests):
+    finished_prompt = metrics["prefill_tokens"] + metrics["cache_hit_tokens"]
+    assert metrics["requests_finished"] + metrics["requests_rejected"] == metrics["requests_total"]
+    rejected = {int(k) for k in metrics["rejections"]}
+    assert finished_prompt == sum(r.input_length for r in requests if r.req_id not in rejected)
+
+
+@pytest.mark.parametrize("policy", ["rotation", "legacy", "balanced"])
+def test_small_synthetic_run_conserves_tokens(policy):
+    spec = build_workload("synthetic", num_requests=40, seed=3)
+    result = PolicyRun(SMALL, policy, spec.requests).run()
+    m = result.metrics
+    assert set(REPORT_FIELDS) <= m.keys()
+    assert m["requests_finished"] == 40 and m["requests_rejected"] == 0 and not m["livelock_detected"]
+    _check_conservation(m, spec.requests)
+    assert m["cache_hit_tokens"] > 0  # the synthetic workload shares prefixes
+    assert len(m["lane_pages_peak"]) == 4 and max(m["lane_pages_peak"]) <= 4096
+    assert m["lane_imbalance_peak"] >= 1.0 and m["compute_imbalance_mean"] >= 1.0
+    assert 0 < m["ttft_ms_p50"] <= m["ttft_ms_p99"]
+    assert result.used.shape == (m["steps"], 4)
+
+
+def test_same_seed_same_report():
+    spec = build_workload("synthetic", num_requests=30, seed=5)
+    a = PolicyRun(SMALL, "rotation", spec.requests).run().metrics
+    b = PolicyRun(SMALL, "rotation", spec.requests).run().metrics
+    a.pop("sim_wall_s"), b.pop("sim_wall_s")
+    assert a == b
+
+
+def test_oversized_prompt_is_rejected_with_reason_not_aborting():
+    cfg = SimConfig(cp_size=2, page_size=16, pages_per_lane=8, chunk_size=64, max_batch_tokens=64)
+    reqs = [
+        Request(req_id=0, arrival_ms=0.0, input_length=100, output_length=1, hash_ids=(1,)),
+        Request(req_id=1, arrival_ms=1.0, input_length=2000, output_length=1, hash_ids=(2, 3, 4, 5)),
+        Request(req_id=2, arrival_ms=2.0, input_length=50, output_length=1, hash_ids=(6,)),
+    ]
+    m = PolicyRun(cfg, "rotation", reqs).run().metrics
+    assert m["requests_finished"] == 2 and m["requests_rejected"] == 1
+    # 2000 tokens = 125 pages > 15 usable pages (lane 0 loses page 0)
+    assert m["rejections"] == {"1": "needs 125 pages but the pool has 15 (7 on its smallest lane)"}
+    _check_conservation(m, reqs)
+
+
+def test_tiny_chunks_legacy_livelocks_rotation_and_balanced_finish():
+    spec = build_workload("tiny-chunks", num_requests=32, seed=0)
+    cfg = SimConfig(cp_size=8, page_size=64, pages_per_lane=default_pages_per_lane(spec, 8, 64),
+                    chunk_size=64, max_batch_tokens=16384, livelock_steps=32)  # fmt: skip
+    legacy = PolicyRun(cfg, "legacy", spec.requests).run().metrics
+    assert legacy["livelock_detected"] is True
+    assert legacy["livelock"]["lane"] == 0 and legacy["livelock"]["blocked_count"] > 0
+    assert legacy["owner_lane_exhausted"] >= 1000
+    assert legacy["lane_pages_peak"][0] == cfg.pages_per_lane - 1 and legacy["lane_pages_peak"][1:] == [0] * 7
+    for policy in ("rotation", "balanced"):
+        m = PolicyRun(cfg, policy, spec.requests).run().metrics
+        assert m["requests_finished"] == 32 and not m["livelock_detected"]
+        assert m["owner_lane_exhausted"] == 0 and m["lane_imbalance_peak"] <= 1.10
+        _check_conservation(m, spec.requests)
+
+
+def test_metric_definitions():
+    used = np.array([[2, 0], [4, 2]])
+    out = lane_metrics(used, pages_per_lane=4)
+    assert out["lane_pages_peak"] == [4, 2]
+    assert out["lane_imbalance_peak"] == pytest.approx(4 / 3)
+    # step 0: mean 1 >= 0.4 -> 2/1; step 1: mean 3 -> 4/3
+    assert out["lane_imbalance_mean"] == pytest.approx((2 + 4 / 3) / 2)
+    assert compute_imbalance_mean(np.array([[1.0, 1.0], [3.0, 1.0]])) == pytest.approx(1.25)
+
+
+def test_outputs_written(tmp_path):
+    spec = build_workload("synthetic", num_requests=20, seed=1)
+    res = simulate(SMALL, spec, ["rotation", "legacy"], out_dir=tmp_path, progress=False, table=False)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert set(report["policies"]) == {"rotation", "legacy"}
+    assert report["config"]["cp_size"] == 4 and report["config"]["workload"] == "synthetic"
+    rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert [r["policy"] for r in rows] == ["rotation", "legacy"]
+    assert (tmp_path / "lanes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
+    assert len(res.paths) == 4
+
+
+def test_cli_simulate_and_bad_trace(tmp_path, capsys):
+    rc = main(["simulate", "--workload", "synthetic", "--max-requests", "15", "--cp-size", "4",
+               "--page-size", "16", "--pages-per-lane", "1024", "--policy", "rotation", "--no-progress",
+               "--out", str(tmp_path / "o")])  # fmt: skip
+    assert rc == 0
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["policies"]["rotation"]["requests_total"] == 15
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n{"timestamp": 1}\n')
+    capsys.readouterr()
+    assert main(["simulate", "--trace", str(bad), "--no-progress", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{bad}:2:" in err
+    assert not (tmp_path / "b").exists()  # nothing simulated, nothing written
