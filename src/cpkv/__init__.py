@@ -13,13 +13,22 @@ from .errors import (
     LaneExhausted,
     LayoutError,
     PlanError,
+    PrefixCacheError,
     UnsupportedPagePlan,
 )
 from .estimator import mqa_logits_elements
+from .host_tier import HostTier
 from .layout import SharedKVLayout
 from .planner import BatchPlan, RequestPlan, owner_lane_phase, plan_batch, plan_request
+from .prefix_cache import CacheEntry, InsertResult, PrefixCache, PrefixMatch
 
 __all__ = [
+    "CacheEntry",
+    "HostTier",
+    "InsertResult",
+    "PrefixCache",
+    "PrefixCacheError",
+    "PrefixMatch",
     "OWNER_POLICIES",
     "AllocatorError",
     "BatchPlan",

@@ -36,6 +36,12 @@ class AllocatorError(CpkvError, ValueError):
     """Invalid allocator call: bad ``last_loc``, freeing page 0, a free page or an out-of-range id."""
 
 
+class PrefixCacheError(CpkvError, ValueError):
+    """Invalid prefix-cache or host-tier call (SPEC C-RELOAD): a lane out of range, a stale match or
+    handle, an unlock without lock, misaligned or already-cached slots, a missing or duplicate host copy.
+    The message names the offending value."""
+
+
 class LaneExhausted(CpkvError, RuntimeError):
     """A lane has fewer free pages than one allocation call needs (SPEC C-ATOMIC).
 
