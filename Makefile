@@ -20,7 +20,7 @@ $(BIN)/cpkv: pyproject.toml
 install: $(BIN)/cpkv
 
 demo: install
-	$(BIN)/cpkv plan --prefix-len 100 --extend-len 200 --page-size 64 --cp-size 4 --head-owner 1
+	$(BIN)/cpkv simulate --out out/demo
 
 test: install
 	$(BIN)/ruff check src tests benchmarks

@@ -15,7 +15,7 @@ import torch
 
 from .config import CPConfig, check_int
 from .errors import AllocatorError, ConfigError, LaneExhausted, PlanError
-from .planner import BatchPlan, _as_int_array, _lengths, plan_batch, zigzag_lane_pages
+from .planner import BatchPlan, _as_int_array, _lengths, expand_runs, plan_batch, zigzag_lane_pages
 
 _I64 = np.int64
 
@@ -64,18 +64,25 @@ class OwnerLaneAllocator:
             if len(caps) != C:
                 raise ConfigError(f"pages_per_lane has {len(caps)} entries, cp_size={C} needs {C}")
         self.config = config
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+            torch.empty(0, dtype=torch.int64, device=self.device)
+        except (RuntimeError, AssertionError) as e:
+            raise ConfigError(f"device={device!r} is not usable for out_cache_loc: {e}") from None
         self.lane_pages = np.asarray(caps, dtype=_I64)  # [C] Q_r, page 0 included
         self.pages_per_lane = int(self.lane_pages.max())  # Q of the shared layout
         self.num_pages = C * self.pages_per_lane
-        # Per-lane stacks of free local indices (page = local * C + lane); the top is the end.
-        # Fresh: descending, so the lowest ids come off first. Lane 0 never holds local 0 (page 0).
-        self._stack = [np.arange(q - 1, -1 if r else 0, -1, dtype=_I64) for r, q in enumerate(caps)]
-        self._top = np.asarray([s.shape[0] for s in self._stack], dtype=_I64)  # [C] free pages
+        # One flat array of per-lane stacks of free page ids: lane r's stack is
+        # ``_stack[_base[r] : _base[r] + _top[r]]``, its top at the end. Fresh: descending ids, so the lowest
+        # come off first; lane 0 never holds page 0. E.g. C=2, Q=3: _stack [4, 2, 5, 3, 1], _base [0, 2].
+        usable = np.asarray(caps, dtype=_I64) - (np.arange(C) == 0)  # [C] lane 0 loses page 0
+        self._base = np.concatenate([[0], np.cumsum(usable)[:-1]]).astype(_I64)  # [C]
+        self._stack = np.concatenate(
+            [np.arange(q - 1, -1 if r else 0, -1, dtype=_I64) * C + r for r, q in enumerate(caps)]
+        )
+        self._top = usable.copy()  # [C] free pages
         self._free = np.zeros(self.num_pages, dtype=bool)
-        for r, q in enumerate(caps):
-            self._free[np.arange(q, dtype=_I64) * C + r] = True
-        self._free[0] = False
+        self._free[self._stack] = True
         self.capacity_per_lane = self._top.copy()  # [C] usable pages
 
     # ----------------------------------------------------------------------------------------- queries
@@ -105,8 +112,8 @@ class OwnerLaneAllocator:
     def state_digest(self) -> str:
         """SHA-256 hex of the full free-list state; equal on every rank that replayed the same calls."""
         h = hashlib.sha256(self._top.tobytes())
-        for r, stack in enumerate(self._stack):
-            h.update(stack[: self._top[r]].tobytes())
+        for r in range(self.config.cp_size):
+            h.update((self._lane_stack(r) // self.config.cp_size).tobytes())  # local ids, as ever
         return h.hexdigest()
 
     # ------------------------------------------------------------------------------------- allocation
@@ -124,9 +131,12 @@ class OwnerLaneAllocator:
                 call needs; nothing is allocated.
         """
         owners = self._lanes_array(owners)
-        counts = np.bincount(owners, minlength=self.config.cp_size)
-        self._check_counts(counts)
-        return self._take(owners, counts)
+        # Runs of equal owners: [4, 4, 1, 4] -> owners [4, 1, 4], pages [2, 1, 1].
+        starts = np.flatnonzero(np.diff(owners, prepend=-1)) if owners.size else np.zeros(0, _I64)
+        run_pages = np.diff(starts, append=owners.shape[0])
+        pages, counts = self._pick(owners[starts], run_pages)
+        self._commit(pages, counts)
+        return pages
 
     def alloc_extend(self, prefix_lens, extend_lens, last_locs) -> ExtendAllocation:
         """Plan a batch and allocate all its new pages at once (SPEC section 7, C-ATOMIC, C-FAIL-FAST).
@@ -149,14 +159,11 @@ class OwnerLaneAllocator:
                 page. LaneExhausted: a lane is short. In every case nothing is allocated.
         """
         plan, last = self._plan_extend(prefix_lens, extend_lens, last_locs)
-        counts = np.bincount(plan.page_owners, minlength=self.config.cp_size)
-        self._check_counts(counts)
-        new_pages = self._take(plan.page_owners, counts)
-        runs, P = plan.token_runs, self.config.page_size
-        run_start = np.empty(runs.length.shape[0], dtype=_I64)
-        run_start[~runs.is_page] = last + 1  # head tokens continue the last prefix page
-        run_start[runs.is_page] = new_pages * P
-        out = torch.from_numpy(runs.expand(run_start)).to(self.device)
+        runs = plan.token_runs
+        seg = runs.pages > 0  # the runs of new pages (zigzag segments), in page order
+        new_pages, counts = self._pick(runs.owner[seg], runs.pages[seg])
+        out = torch.from_numpy(_extend_slots(plan, last, new_pages)).to(self.device)
+        self._commit(new_pages, counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
         new_pages.setflags(write=False)
         return ExtendAllocation(out_cache_loc=out, plan=plan, new_pages=new_pages)
 
@@ -209,10 +216,10 @@ class OwnerLaneAllocator:
             raise AllocatorError(f"cannot free page {int(uniq[cnt > 1][0])}: listed more than once")
         lanes = pages % C
         for r in np.unique(lanes):
-            local = pages[lanes == r] // C
-            top = self._top[r]
-            self._stack[r][top : top + local.shape[0]] = local[::-1]
-            self._top[r] = top + local.shape[0]
+            mine = pages[lanes == r]
+            top = self._base[r] + self._top[r]
+            self._stack[top : top + mine.shape[0]] = mine[::-1]
+            self._top[r] += mine.shape[0]
         self._free[pages] = True
 
     # ---------------------------------------------------------------------------------------- private
@@ -298,19 +305,59 @@ class OwnerLaneAllocator:
             r = int(short[0])
             raise LaneExhausted(r, int(counts[r]), int(self._top[r]))
 
-    def _take(self, owners: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """Pop ``counts[r]`` pages of every lane and scatter them to ``owners`` order (checked first)."""
+    def _lane_stack(self, r: int) -> np.ndarray:
+        """Free page ids of lane r, bottom to top (a view)."""
+        return self._stack[self._base[r] : self._base[r] + self._top[r]]
+
+    def _pick(self, run_owner: np.ndarray, run_pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The pages for runs of one owner each, in run order, without taking them: ``(pages, counts)``,
+        int64 ``[sum run_pages]`` and ``[C]``; ``_commit`` takes them. LaneExhausted when a lane is short.
+
+        Run j takes the next ``run_pages[j]`` pages off the top of lane ``run_owner[j]``'s stack, after the
+        pages the earlier runs of that lane took. Work is O(runs + pages), independent of cp_size and pool.
+        Example C=4, lane 3 stack [.., 19, 11, 7, 3] (top 3): runs (lane 3, 2 pages), (lane 3, 1 page)
+        -> [3, 7, 11]; the stack's top is then 19.
+        """
         C = self.config.cp_size
-        out = np.empty(owners.shape[0], dtype=_I64)
-        if owners.shape[0] == 0:
-            return out
-        key = owners.astype(np.int16) if C <= np.iinfo(np.int16).max else owners
-        order = np.argsort(key, kind="stable")
-        start = 0
-        for r in np.flatnonzero(counts):  # only lanes that give pages: cost independent of cp_size
-            k, top = int(counts[r]), int(self._top[r])
-            out[order[start : start + k]] = self._stack[r][top - k : top][::-1] * C + r
-            self._top[r] = top - k
-            start += k
-        self._free[out] = False
-        return out
+        counts = np.bincount(run_owner, weights=run_pages, minlength=C).astype(_I64)  # [C]
+        self._check_counts(counts)
+        # Pages taken from the run's lane by earlier runs: cumulative pages in (lane, run) order.
+        order = np.argsort(run_owner, kind="stable")
+        sorted_pages, lane_start = run_pages[order], np.cumsum(counts) - counts
+        before = np.empty_like(run_pages)
+        before[order] = np.cumsum(sorted_pages) - sorted_pages - lane_start[run_owner[order]]
+        top = self._base + self._top - 1  # [C] index of each lane's top page in _stack
+        return self._stack[expand_runs(top[run_owner] - before, run_pages, step=-1)], counts
+
+    def _commit(self, pages: np.ndarray, counts: np.ndarray) -> None:
+        """Take the pages ``_pick`` chose: pop ``counts[r]`` pages off every lane's stack."""
+        self._top -= counts
+        self._free[pages] = False
+
+
+def _extend_slots(plan: BatchPlan, last: np.ndarray, new_pages: np.ndarray) -> np.ndarray:
+    """``out_cache_loc``, int64 numpy ``[sum E]``: head tokens ``last_loc + 1, ...``, then ``p*P + o`` per page.
+
+    One run per head and per new page (a request's last page only up to ``prefix_len + extend_len``).
+    Without heads and with every last page full it is the pages' slots in order:
+    ``(new_pages[:, None] * P + arange(P)).ravel()``. Example P=4, pages [5, 2]: [20..23, 8..11].
+    """
+    P = plan.config.page_size
+    h, m = plan.head_tokens, np.diff(plan.page_indptr)
+    if not h.any() and new_pages.shape[0] * P == plan.num_tokens:  # no head, every last page full
+        out = np.empty((new_pages.shape[0], P), dtype=_I64)
+        np.multiply(new_pages[:, None], P, out=out)
+        out += np.arange(P, dtype=_I64)
+        return out.ravel()
+    # Runs: per request a head run (maybe empty), then one run per new page.
+    head_pos = plan.page_indptr[:-1] + np.arange(m.shape[0], dtype=_I64)  # [B] run of each head
+    start = np.empty(new_pages.shape[0] + m.shape[0], dtype=_I64)
+    length = np.full(start.shape[0], P, dtype=_I64)
+    is_page = np.ones(start.shape[0], dtype=bool)
+    is_page[head_pos] = False
+    start[head_pos], length[head_pos] = last + 1, h
+    start[is_page] = new_pages * P
+    end = plan.prefix_lens + plan.extend_lens
+    has = m > 0
+    length[(head_pos + m)[has]] = (end - (-(-end // P) - 1) * P)[has]  # the last page: up to L0 + E
+    return expand_runs(start, length)

@@ -55,16 +55,16 @@ class SharedKVLayout:
 
     def lane_of(self, slots):
         """Owner lane of each slot, ``(slot // P) % C``; negative slots unchanged. Same type/dtype/device."""
-        return self._map(slots, lambda s, p, o: p % self.cp_size)
+        return self._translate(slots, "lane", lambda s, p, o: p % self.cp_size)
 
     def write_slots(self, slots):
         """Row in the owner's own lane buffer, ``(p // C) * P + o``; negative slots unchanged."""
-        return self._map(slots, lambda s, p, o: (p // self.cp_size) * self.page_size + o)
+        return self._translate(slots, "write", lambda s, p, o: (p // self.cp_size) * self.page_size + o)
 
     def read_slots(self, slots):
         """Row in the rank-major view, ``((p % C) * Q + p // C) * P + o``; negative slots unchanged."""
         C, Q, P = self.cp_size, self.pages_per_lane, self.page_size
-        return self._map(slots, lambda s, p, o: ((p % C) * Q + p // C) * P + o)
+        return self._translate(slots, "read", lambda s, p, o: ((p % C) * Q + p // C) * P + o)
 
     def owned_mask(self, slots, rank: int):
         """Bool mask, same shape: ``slot >= 0 and lane(slot) == rank``. numpy in, numpy out; torch likewise."""
@@ -72,7 +72,8 @@ class SharedKVLayout:
         if rank >= self.cp_size:
             raise LayoutError(f"rank={rank} out of range [0, {self.cp_size})")
         slots = self._check(slots)
-        return (slots >= 0) & ((slots // self.page_size) % self.cp_size == rank)
+        wide = slots.to(_torch_int64()) if _is_torch(slots) else slots.astype(np.int64, copy=False)
+        return (wide >= 0) & ((wide // self.page_size) % self.cp_size == rank)  # int64: no dtype overflow
 
     def _check(self, slots):
         """``slots`` as an integer numpy array or torch tensor, all ``< C*Q*P``; else LayoutError."""
@@ -96,6 +97,72 @@ class SharedKVLayout:
             )
         return slots
 
+    def _translate(self, slots, kind: str, fn):
+        """numpy arrays and CPU tensors: the blocked kernel ``_translate_numpy``; other devices, and any
+        input the kernel finds out of range or overflowing, take ``_map`` (the formula ``fn`` as written,
+        which raises the errors)."""
+        if _is_torch(slots):
+            import torch
+
+            numpy_dtypes = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+            if slots.device.type != "cpu" or slots.dtype not in numpy_dtypes:
+                return self._map(slots, fn)
+            out = self._translate_numpy(slots.numpy(), kind)  # shares memory with the tensor
+            return self._map(slots, fn) if out is None else torch.from_numpy(out)
+        if not isinstance(slots, np.ndarray) or not np.issubdtype(slots.dtype, np.integer):
+            return self._map(slots, fn)
+        out = self._translate_numpy(slots, kind)
+        return self._map(slots, fn) if out is None else out
+
+    def _translate_numpy(self, slots: np.ndarray, kind: str) -> np.ndarray | None:
+        """``kind`` ("lane", "write" or "read") of integer ``slots``, same dtype and shape; None when a slot
+        is ``>= C*Q*P`` or a result may not fit the dtype (the caller then takes the formula path).
+
+        Works on blocks of ``_BLOCK`` slots so that every temporary stays in cache: one read of the input,
+        one write of the output. With page ``p = s // P`` and local page ``l = p // C``: lane ``p - l*C``,
+        write ``s - (p - l)*P``, read ``s + p*(Q-1)*P - l*(C*Q-1)*P``. The arithmetic runs in int32 when
+        ``C*Q*P`` fits: it wraps modulo 2**32, and the result lies in ``[0, C*Q*P)``, so it is exact.
+        Example C=4, P=64, Q=8, s=197: p=3, l=0 -> lane 3, write 197-192 = 5, read 197+3*448 = 1541.
+        """
+        C, P, Q, n_slots = self.cp_size, self.page_size, self.pages_per_lane, self.num_slots
+        work = np.int32 if n_slots <= np.iinfo(np.int32).max else np.int64
+        src = slots.reshape(-1)
+        out = np.empty(src.shape, dtype=slots.dtype)
+        direct = slots.dtype == work  # compute straight from the input into the output
+        signed = np.issubdtype(slots.dtype, np.signedinteger)
+        fits = kind == "lane" or _int_max(slots.dtype) >= n_slots - 1
+        x, p, local, r = (np.empty(min(_BLOCK, src.shape[0]), dtype=work) for _ in range(4))
+        for i in range(0, src.shape[0], _BLOCK):
+            blk, dst = src[i : i + _BLOCK], out[i : i + _BLOCK]
+            k = blk.shape[0]
+            if int(blk.max()) >= n_slots:
+                return None
+            xb, res = (blk, dst) if direct else (x[:k], r[:k])
+            pb, lb = p[:k], local[:k]
+            if not direct:
+                np.copyto(xb, blk, casting="unsafe")  # slots < C*Q*P fit; negatives are restored below
+            _floor_div(xb, P, pb)
+            _floor_div(pb, C, lb)
+            if kind == "lane":
+                np.multiply(lb, C, out=lb)
+                np.subtract(pb, lb, out=res)
+            elif kind == "write":
+                np.subtract(pb, lb, out=pb)
+                np.multiply(pb, P, out=pb)
+                np.subtract(xb, pb, out=res)
+            else:
+                np.multiply(pb, (Q - 1) * P, out=pb)
+                np.multiply(lb, (C * Q - 1) * P, out=lb)
+                np.subtract(pb, lb, out=pb)
+                np.add(xb, pb, out=res)
+            if not direct:
+                if not fits and int(res.max()) > _int_max(slots.dtype):
+                    return None  # (res at negative slots is noise: the formula path decides)
+                np.copyto(dst, res, casting="unsafe")
+            if signed and int(blk.min()) < 0:
+                np.copyto(dst, blk, where=blk < 0)  # negative slots pass through
+        return out.reshape(slots.shape)
+
     def _map(self, slots, fn):
         slots = self._check(slots)
         if _is_torch(slots):
@@ -111,6 +178,23 @@ class SharedKVLayout:
                 raise LayoutError(f"translated slot {int(out.max())} does not fit dtype {slots.dtype}")
             out = out.to(slots.dtype) if _is_torch(out) else out.astype(slots.dtype)
         return out
+
+
+_BLOCK = 1 << 14  # slots per block of _translate_numpy: its four temporaries (<= 128 KiB each) stay in L2
+
+
+def _torch_int64():
+    import torch
+
+    return torch.int64
+
+
+def _floor_div(x: np.ndarray, d: int, out: np.ndarray) -> None:
+    """``out = x // d`` (floor, also for negative x); a shift when d is a power of two."""
+    if d & (d - 1) == 0:
+        np.right_shift(x, d.bit_length() - 1, out=out)
+    else:
+        np.floor_divide(x, d, out=out)
 
 
 def _int_max(dtype) -> int:

@@ -300,8 +300,10 @@ def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index:
     else:
         phase = (L0 // P + req_idx) % C
 
-    page_owners, page_indptr = _zigzag_page_owners(L0, E, phase, C, P)
-    runs = _token_runs(L0, E, h, head, page_owners, page_indptr, P)
+    m, seg_pages, seg_owner = _zigzag_segments(L0, E, phase, C, P)
+    page_indptr = _indptr(m)
+    page_owners = np.repeat(seg_owner.ravel(), seg_pages.ravel())
+    runs = _token_runs(L0, E, h, head, m, seg_pages, seg_owner, P)
     token_owner = np.repeat(runs.owner, runs.length)
     per_req = np.bincount(runs.req * C + runs.owner, weights=runs.length, minlength=B * C)
     per_req = per_req.astype(_I64).reshape(B, C)
@@ -310,7 +312,6 @@ def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index:
     gather_index = _gather_index(runs, per_rank, max_rank)
 
     # Last token's owner: the last new page's owner, else the head owner (all tokens are head), else -1.
-    m = np.diff(page_indptr)
     last_page = page_owners[np.maximum(page_indptr[1:] - 1, 0)] if page_owners.size else np.zeros(B, _I64)
     last_owner = np.where(m > 0, last_page, np.where(h > 0, head, -1))
 
@@ -345,82 +346,96 @@ def zigzag_lane_pages(num_pages: int, phase: int, cp_size: int) -> np.ndarray:
     return np.roll(per_z, phase)
 
 
-def _zigzag_page_owners(L0, E, phase, C: int, P: int):
-    """C-ZIGZAG owners of every request's new pages: ``([sum m] int64, [B+1] int64 page_indptr)``.
+def _zigzag_segments(L0, E, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """C-ZIGZAG at segment granularity: ``(m, seg_pages, seg_owner)``: new pages int64 ``[B]``, and the pages
+    and owner of every segment, int64 ``[B, 2C]``.
 
-    Request with m pages: 2C segments of ``base = m // 2C`` pages, the first ``rem = m % 2C`` one more.
-    Page k lies in segment ``k // (base+1)`` while ``k < rem*(base+1)``, else ``rem + (k - rem*(base+1)) // base``.
-    Segment s goes to zigzag rank ``z = s if s < C else 2C-1-s``; owner ``(z + phase) % C``.
-    Example C=4, m=16, phase 0: base 2, rem 0 -> segments 0..7 -> z 0,1,2,3,3,2,1,0
-    -> owners [0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0].
+    A request with m new pages has 2C segments of ``m // 2C`` pages, the first ``m % 2C`` one page more;
+    segment s goes to zigzag rank ``z = s if s < C else 2C-1-s`` and its owner is ``(z + phase) % C``.
+    Page owners are ``np.repeat(seg_owner, seg_pages)`` row by row: no per-page arithmetic.
+    Example C=4, m=16, phase 0: seg_pages [2]*8, seg_owner [0,1,2,3,3,2,1,0]
+    -> page owners [0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0].
     """
     first_new = -(-L0 // P)  # ceil(L0 / P): the partly filled prefix page is not new
-    end = -(-(L0 + E) // P)
-    m = end - first_new
-    page_indptr = _indptr(m)
-    total = int(page_indptr[-1])
-    req_of_page = np.repeat(np.arange(m.shape[0], dtype=_I64), m)
-    k = np.arange(total, dtype=_I64) - page_indptr[:-1][req_of_page]
-    base = (m // (2 * C))[req_of_page]
-    rem = (m % (2 * C))[req_of_page]
-    boundary = rem * (base + 1)
-    seg = np.where(k < boundary, k // (base + 1), rem + (k - boundary) // np.maximum(base, 1))
-    z = np.where(seg < C, seg, 2 * C - 1 - seg)
-    return (z + phase[req_of_page]) % C, page_indptr
+    m = -(-(L0 + E) // P) - first_new  # [B] new pages
+    s = np.arange(2 * C, dtype=_I64)  # [2C] segment ids
+    seg_pages = (m // (2 * C))[:, None] + (s < (m % (2 * C))[:, None])
+    owner = np.where(s < C, s, 2 * C - 1 - s) + phase[:, None]  # z + phase, in [0, 2C)
+    owner[owner >= C] -= C  # mod C (numpy's integer remainder is slow)
+    return m, seg_pages, owner
 
 
 @dataclass(frozen=True)
 class TokenRuns:
-    """Run-length form of a batch's extend tokens, flat order: per request a head run, then one run per page.
+    """Run-length form of a batch's extend tokens, flat order: per request its head run, then one run per
+    zigzag segment, each run one owner; empty runs are left out (so ``R <= B * (2C + 1)``).
 
     Attributes:
         req: ``[R]`` int64 request of each run.
-        owner: ``[R]`` int64 owning rank (0 for an empty head run).
-        length: ``[R]`` int64 tokens of each run (a head run may be empty; a page run holds P, the
-            request's last page only up to ``prefix_len + extend_len``).
-        is_page: ``[R]`` bool, True for the run of a new page (their order is ``page_owners`` order).
+        owner: ``[R]`` int64 owning (computing) rank.
+        length: ``[R]`` int64 tokens of each run (>= 1); a segment's last page holds only the tokens up to
+            ``prefix_len + extend_len``.
+        pages: ``[R]`` int64 new pages of each run: 0 for a head run, else the segment's pages (their
+            order is ``page_owners`` order).
     """
 
     req: np.ndarray
     owner: np.ndarray
     length: np.ndarray
-    is_page: np.ndarray
+    pages: np.ndarray
 
     def expand(self, run_start: np.ndarray) -> np.ndarray:
         """``[sum length]`` int64: run j's tokens get ``run_start[j], run_start[j] + 1, ...``.
 
-        Example lengths [2, 0, 3], starts [10, 99, 50] -> [10, 11, 50, 51, 52].
+        Example lengths [2, 1, 3], starts [10, 99, 50] -> [10, 11, 99, 50, 51, 52].
         """
-        n = int(self.length.sum())
-        flat_start = np.cumsum(self.length) - self.length
-        return np.arange(n, dtype=_I64) + np.repeat(run_start - flat_start, self.length)
+        return expand_runs(run_start, self.length)
 
 
-def _token_runs(L0, E, h, head, page_owners, page_indptr, P: int) -> TokenRuns:
-    """Per request: a head run of h tokens (maybe empty), then one run per new page (P tokens, last partial).
+def expand_runs(run_start: np.ndarray, length: np.ndarray, step: int = 1) -> np.ndarray:
+    """``[sum length]`` int64: run j gives ``run_start[j] + step * (0, 1, ..., length[j] - 1)`` (step +-1).
 
-    Example P=64, L0=100, E=200: head 28 tokens (positions 100..127), pages 2,3,4 hold 64, 64, 44 tokens.
+    One repeat of the run offsets, then a ramp added in place: no loop over runs, no full-size temporary.
+    Example starts [10, 50], lengths [2, 3], step 1 -> [10, 11, 50, 51, 52]; step -1 -> [10, 9, 50, 49, 48].
     """
-    B = L0.shape[0]
-    m = np.diff(page_indptr)
-    n_runs = m + 1
-    run_indptr = _indptr(n_runs)
-    R = int(run_indptr[-1])
-    req = np.repeat(np.arange(B, dtype=_I64), n_runs)
-    owner = np.empty(R, dtype=_I64)
-    length = np.full(R, P, dtype=_I64)
-    head_pos = run_indptr[:-1]
-    is_page = np.ones(R, dtype=bool)
-    is_page[head_pos] = False
-    owner[head_pos] = np.maximum(head, 0)
-    length[head_pos] = h
-    owner[is_page] = page_owners
-    # Last page of each request holds only the tokens up to L0 + E.
-    last = run_indptr[1:] - 1
-    has_pages = m > 0
-    end = -(-(L0 + E) // P)
-    length[last[has_pages]] = (L0 + E - (end - 1) * P)[has_pages]
-    return TokenRuns(req=req, owner=owner, length=length, is_page=is_page)
+    flat_start = np.cumsum(length) - length  # [R] first output index of each run
+    out = np.repeat(run_start - step * flat_start, length)
+    for i in range(0, out.shape[0], _RAMP.shape[0]):  # cache-sized blocks: out[t] += step * t
+        block = out[i : i + _RAMP.shape[0]]
+        (np.add if step > 0 else np.subtract)(block, _RAMP[: block.shape[0]], out=block)
+        block += step * i
+    return out
+
+
+_RAMP = np.arange(1 << 16, dtype=_I64)  # 512 KiB, fits in L2
+_RAMP.setflags(write=False)
+
+
+def _token_runs(L0, E, h, head, m, seg_pages, seg_owner, P: int) -> TokenRuns:
+    """Per request: a head run of h tokens, then one run per zigzag segment; empty runs dropped.
+
+    A segment holds ``P * pages`` tokens except the request's last non-empty segment, which ends at
+    ``prefix_len + extend_len``: it lacks ``end * P - (L0 + E)`` tokens (``end = ceil((L0 + E) / P)``).
+    Example P=64, C=2, L0=100, E=200 (head owner 1, phase 1): head 28 tokens on rank 1; pages 2, 3, 4 in
+    segments [1, 1, 1, 0] on ranks [1, 0, 1, 0] -> runs (rank, tokens) (1, 28), (1, 64), (0, 64), (1, 44).
+    """
+    B, S = seg_pages.shape  # S = 2C segments
+    length = np.empty((B, S + 1), dtype=_I64)
+    length[:, 0] = h
+    np.multiply(seg_pages, P, out=length[:, 1:])
+    last_seg = np.minimum(m, S)  # column of the last non-empty segment (0: none): segments fill in order
+    has = last_seg > 0
+    short = -(-(L0 + E) // P) * P - (L0 + E)  # [B] tokens the last page lacks
+    length[np.flatnonzero(has), last_seg[has]] -= short[has]
+    owner = np.empty((B, S + 1), dtype=_I64)
+    owner[:, 0] = head
+    owner[:, 1:] = seg_owner
+    pages = np.zeros((B, S + 1), dtype=_I64)
+    pages[:, 1:] = seg_pages
+    keep = length.ravel() > 0
+    req = np.repeat(np.arange(B, dtype=_I64), S + 1)[keep]
+    owner, length, pages = owner.ravel()[keep], length.ravel()[keep], pages.ravel()[keep]
+    return TokenRuns(req=req, owner=owner, length=length, pages=pages)
 
 
 def _gather_index(runs: TokenRuns, per_rank: np.ndarray, M: int) -> np.ndarray:

@@ -1,0 +1,47 @@
+"""SharedKVLayout.read_slots / write_slots on 16M slots (numpy, torch CPU): time, ratio to the memory bound.
+
+    python benchmarks/bench_layout.py [--quick] [--json PATH]
+
+Slots: uniform over a pool of C=8 x Q x P=64 = 16M slots, every 1000th slot the -1 padding sentinel.
+The memory bound is ``np.copyto`` of the output bytes into a preallocated buffer; "fresh copy" is
+``src.copy()``, the bound plus the first touch of a new output array, which every translation pays
+because it returns a new array. See README.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from _common import copy_bound_s, fresh_copy_s, median_s, parser, print_table, write_json
+
+from cpkv import SharedKVLayout
+
+
+def main() -> None:
+    args = parser(__doc__.splitlines()[0]).parse_args()
+    n, repeats = (1 << 16, 5) if args.quick else (1 << 24, 9)
+    C, P = 8, 64
+    layout = SharedKVLayout(C, P, max(1, n // (C * P)))
+    slots = np.random.default_rng(0).integers(0, layout.num_slots, n, dtype=np.int64)
+    slots[::1000] = -1
+    inputs = {
+        "numpy int64": slots, "numpy int32": slots.astype(np.int32),
+        "torch int64": torch.from_numpy(slots), "torch int32": torch.from_numpy(slots.astype(np.int32)),
+    }  # fmt: skip
+    rows, out = [], {}
+    for name, x in inputs.items():
+        nbytes = x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
+        bound, fresh = copy_bound_s(nbytes, repeats), fresh_copy_s(nbytes, repeats)
+        for op in ("read_slots", "write_slots"):
+            fn = getattr(layout, op)
+            t = median_s(lambda fn=fn, x=x: fn(x), repeats)
+            out[f"{op} {name}"] = dict(slots=n, s=t, bound_s=bound, fresh_copy_s=fresh)
+            rows.append([op, name, n, t * 1e3, n / t / 1e9, bound * 1e3, t / bound, fresh * 1e3, t / fresh])
+    header = ["op", "input", "slots", "ms", "Gslots/s", "bound ms", "x bound", "fresh copy ms", "x fresh"]
+    title = f"SharedKVLayout(C={C}, P={P}, Q={layout.pages_per_lane}) translations (median)"
+    print_table(title, header, rows)
+    write_json(args.json, {"benchmark": "layout", "quick": args.quick, "cases": out})
+
+
+if __name__ == "__main__":
+    main()

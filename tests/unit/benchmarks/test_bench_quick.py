@@ -1,0 +1,41 @@
+"""The benchmark scripts (benchmarks/, issue 7) run with --quick, print their table and write their JSON.
+
+Figures are not checked here: speed is tracked by the full runs in benchmarks/README.md.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[3]
+TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+
+SCRIPTS = [
+    ("bench_plan_alloc.py", [], "plan+alloc ms"),
+    ("bench_layout.py", [], "fresh copy ms"),
+    ("bench_memory.py", [], "allocator B/page"),
+    pytest.param(
+        "bench_simulate.py", ["--max-requests", "100"], "peak RSS MiB",
+        marks=pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("script", "extra", "column"), SCRIPTS)
+def test_quick_run_prints_table_and_json(script, extra, column, tmp_path):
+    figures = tmp_path / "figures.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--json", str(figures), *extra]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    header = next((line for line in proc.stdout.splitlines() if column in line), None)
+    assert header is not None, f"no table header with {column!r} in:\n{proc.stdout}"
+    rule = proc.stdout.splitlines()[proc.stdout.splitlines().index(header) + 1]
+    assert set(rule) <= {"-", " "} and "-" in rule  # the header is followed by the table's rule
+    payload = json.loads(figures.read_text())
+    assert payload["quick"] is True
+    assert payload["machine"]["nproc"] >= 1
