@@ -107,7 +107,7 @@ def _lanes_png(results: list[PolicyResult], config: dict) -> bytes:
 def format_value(value: object) -> str:
     """Short text for one metric in the side-by-side table."""
     if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 1000 else f"{value:,.0f}"
+        return f"{value:.4f}" if abs(value) < 10 else f"{value:,.1f}" if abs(value) < 1000 else f"{value:,.0f}"
     if isinstance(value, list):
         return " ".join(map(str, value))
     if value is None:
