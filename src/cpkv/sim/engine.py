@@ -144,8 +144,8 @@ class PolicyRun:
     # ------------------------------------------------------------------------------------------ step
     def _step(self) -> bool:
         """Run one step; True when any request advanced (prefill or decode)."""
-        batch = self._form_batch()
-        alloc = self._allocate(batch)
+        batch, lens = self._form_batch()
+        alloc = self._allocate(batch, lens)
         decode_tokens = self._decode_step() if self.decoding else None
         work = step_work(alloc.plan if alloc else None, self.cfg.cost, self.cfg.cp_size, decode_tokens)
         self.now_ms += self.cfg.cost.step_overhead_ms + float(work.max())
@@ -154,24 +154,19 @@ class PolicyRun:
         self.rec.record(self.now_ms, self.alloc.used_pages_per_lane(), work if alloc is not None else None)
         return alloc is not None or decode_tokens is not None
 
-    def _form_batch(self) -> list[_Running]:
-        budget, batch = self.cfg.max_batch_tokens, []
+    def _form_batch(self) -> tuple[list[_Running], list[int]]:
+        """Running requests in admission order with their chunk lengths, within ``max_batch_tokens``."""
+        budget, batch, lens = self.cfg.max_batch_tokens, [], []
         for r in self.running:
             if budget <= 0:
                 break
-            batch.append(r)
-            budget -= min(r.remaining, self.cfg.chunk_size, budget)
-        return batch
-
-    def _extend_lens(self, batch: list[_Running]) -> list[int]:
-        budget, lens = self.cfg.max_batch_tokens, []
-        for r in batch:
             n = min(r.remaining, self.cfg.chunk_size, budget)
             if n < r.remaining:
                 n = self._align_chunk(r.done, n)
+            batch.append(r)
             lens.append(n)
             budget -= n
-        return lens
+        return batch, lens
 
     def _align_chunk(self, prefix_len: int, n: int) -> int:
         """CP-aware chunking: a chunk that does not finish its request ends where its new pages are a
@@ -187,7 +182,7 @@ class PolicyRun:
                 return end - prefix_len
         return n
 
-    def _allocate(self, batch: list[_Running]):
+    def _allocate(self, batch: list[_Running], lens: list[int]):
         """Plan, check the MQA-logits budget, evict what the plan's lanes lack, allocate atomically.
 
         A refused allocation (a lane still short after eviction) counts in ``owner_lane_exhausted`` and
@@ -195,7 +190,7 @@ class PolicyRun:
         """
         limit = self.cfg.logits_budget_elements
         while batch:
-            args = ([r.done for r in batch], self._extend_lens(batch), [r.last_loc for r in batch])
+            args = ([r.done for r in batch], lens[: len(batch)], [r.last_loc for r in batch])
             plan = self.alloc.plan_extend(*args)
             if limit is not None and len(batch) > 1 and int(mqa_logits_elements(plan).max()) > limit:
                 self.logits_budget_cuts += 1
