@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import CPConfig, check_int
+from .config import CPConfig, per_lane_ints
 from .errors import AllocatorError, ConfigError, LaneExhausted, PlanError
 from .planner import BatchPlan, _as_int_array, _lengths, expand_runs, plan_batch, zigzag_lane_pages
 
@@ -57,12 +57,7 @@ class OwnerLaneAllocator:
         if not isinstance(config, CPConfig):
             raise ConfigError(f"config must be a CPConfig, got {type(config).__name__}")
         C = config.cp_size
-        if isinstance(pages_per_lane, (int, np.integer)) and not isinstance(pages_per_lane, bool):
-            caps = [check_int("pages_per_lane", pages_per_lane, 1)] * C
-        else:
-            caps = [check_int(f"pages_per_lane[{r}]", q, 1) for r, q in enumerate(pages_per_lane)]
-            if len(caps) != C:
-                raise ConfigError(f"pages_per_lane has {len(caps)} entries, cp_size={C} needs {C}")
+        caps = per_lane_ints("pages_per_lane", pages_per_lane, C, 1)
         self.config = config
         try:
             self.device = torch.device(device)

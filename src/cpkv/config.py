@@ -26,6 +26,22 @@ def check_int(name: str, value: object, minimum: int) -> int:
     return value
 
 
+def per_lane_ints(name: str, value: object, cp_size: int, minimum: int) -> list[int]:
+    """A per-lane capacity: one int for every lane, or a sequence of ``cp_size`` ints, each ``>= minimum``.
+
+    Example ``per_lane_ints("pages_per_lane", 8, 4, 1) -> [8, 8, 8, 8]``. Raises ``ConfigError`` naming
+    ``name`` (and the lane index) for a non-integer, a value below ``minimum`` or a wrong length.
+    """
+    if hasattr(value, "__index__") and not isinstance(value, bool):
+        return [check_int(name, value, minimum)] * cp_size
+    if not hasattr(value, "__iter__") or isinstance(value, (str, bytes)):
+        raise ConfigError(f"{name} must be an integer or a sequence of {cp_size} integers, got {value!r}")
+    caps = [check_int(f"{name}[{r}]", q, minimum) for r, q in enumerate(value)]  # type: ignore[arg-type]
+    if len(caps) != cp_size:
+        raise ConfigError(f"{name} has {len(caps)} entries, cp_size={cp_size} needs {cp_size}")
+    return caps
+
+
 @dataclass(frozen=True)
 class CPConfig:
     """One context-parallel group's planning configuration (SPEC sections 2 and 4, C-PHASE).

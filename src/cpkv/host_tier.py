@@ -17,8 +17,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .config import check_int
-from .errors import ConfigError, PrefixCacheError
+from .config import check_int, per_lane_ints
+from .errors import PrefixCacheError
 
 
 class HostTier:
@@ -35,12 +35,7 @@ class HostTier:
 
     def __init__(self, cp_size: int, pages_per_lane: int | Sequence[int]) -> None:
         C = check_int("cp_size", cp_size, 1)
-        if isinstance(pages_per_lane, (int, np.integer)) and not isinstance(pages_per_lane, bool):
-            caps = [check_int("host_pages_per_lane", pages_per_lane, 0)] * C
-        else:
-            caps = [check_int(f"host_pages_per_lane[{r}]", q, 0) for r, q in enumerate(pages_per_lane)]
-            if len(caps) != C:
-                raise ConfigError(f"host_pages_per_lane has {len(caps)} entries, cp_size={C} needs {C}")
+        caps = per_lane_ints("host_pages_per_lane", pages_per_lane, C, 0)
         self.cp_size = C
         self.capacity = np.asarray(caps, dtype=np.int64)  # [C] host pages per lane
         self._lanes: list[OrderedDict[bytes, object]] = [OrderedDict() for _ in range(C)]  # oldest first
