@@ -50,7 +50,8 @@ class OwnerLaneAllocator:
         device: torch device of ``out_cache_loc`` (default ``"cpu"``).
 
     Raises:
-        ConfigError: a capacity below 1 or a list whose length is not ``cp_size``.
+        ConfigError: ``config`` not a ``CPConfig``; a capacity that is not an integer >= 1, or a list whose
+            length is not ``cp_size``; a ``device`` torch cannot allocate on.
     """
 
     def __init__(self, config: CPConfig, pages_per_lane: int | Sequence[int], device="cpu") -> None:

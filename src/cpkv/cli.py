@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
     if head_owner and len(head_owner) != len(extend_len):
         raise InputError(f"give one --head-owner per request or none (got {len(head_owner)} for {len(extend_len)})")
     config = CPConfig(cp_size, page_size, policy)
-    heads = [None if h < 0 else h for h in head_owner] if head_owner else None
+    heads = [None if h == -1 else h for h in head_owner] if head_owner else None
     if req_index is not None:
         if len(extend_len) != 1:
             raise InputError(f"--req-index={req_index} applies to a single request, got {len(extend_len)}")
@@ -97,12 +98,15 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
     if trace is not None and workload is not None:
         raise InputError(f"give --trace or --workload, not both (got --workload {workload})")
     name = "trace" if trace is not None else workload or "synthetic"
+    check_out_dir(out_dir)
     spec = build_workload(name, num_requests=max_requests, seed=seed, trace_path=trace)
-    chunk = chunk_size or (spec.chunk_pages * page_size if spec.chunk_pages else 8192)
+    if chunk_size is None:
+        chunk_size = spec.chunk_pages * page_size if spec.chunk_pages else 8192
     config = SimConfig(
-        cp_size=cp_size, page_size=page_size, host_pages_per_lane=host_pages_per_lane, chunk_size=chunk,
-        pages_per_lane=pages_per_lane or default_pages_per_lane(spec, cp_size, page_size),
-        max_batch_tokens=max_batch_tokens or max(2 * chunk, 16384), logits_budget_mb=logits_budget_mb,
+        cp_size=cp_size, page_size=page_size, host_pages_per_lane=host_pages_per_lane, chunk_size=chunk_size,
+        pages_per_lane=default_pages_per_lane(spec, cp_size, page_size) if pages_per_lane is None else pages_per_lane,
+        max_batch_tokens=max(2 * chunk_size, 16384) if max_batch_tokens is None else max_batch_tokens,
+        logits_budget_mb=logits_budget_mb,
         colocated_decode=colocated_decode, seed=seed,
     )  # fmt: skip
     result = run_simulation(config, spec, check_policies(list(policies)), out_dir=out_dir, progress=not no_progress)
@@ -118,6 +122,24 @@ def _add_run_dist() -> None:
 _add_run_dist()
 
 
+def check_out_dir(out_dir: Path) -> None:
+    """Fail before any work when ``out_dir`` cannot receive the report files (InputError, exit 2).
+
+    Creates nothing: an existing ``out_dir`` must be a writable directory whose report names are free of
+    directories; a new one needs its nearest existing parent to be a writable directory.
+    """
+    from .sim.report import OUTPUT_FILES
+
+    existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise InputError(f"--out {out_dir}: {existing} exists and is not a directory")
+    if not os.access(existing, os.W_OK):
+        raise InputError(f"--out {out_dir}: {existing} is not writable")
+    blocked = [name for name in OUTPUT_FILES if (out_dir / name).is_dir()]
+    if blocked:
+        raise InputError(f"--out {out_dir}: {', '.join(blocked)} is a directory")
+
+
 def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:
     """Read ``[{"prefix_len": int, "extend_len": int, "head_owner"?: int | null}, ...]`` from ``path``.
 
@@ -125,8 +147,8 @@ def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:
         InputError: unreadable file, bad JSON or a bad entry (names the file and the entry index).
     """
     try:
-        rows = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        rows = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputError(f"{path}: cannot read batch file: {e}") from None
     if not isinstance(rows, list) or not rows:
         raise InputError(f"{path}: expected a non-empty JSON list of requests")
@@ -134,6 +156,9 @@ def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or not {"prefix_len", "extend_len"} <= row.keys():
             raise InputError(f"{path}: entry {i} needs prefix_len and extend_len, got {row!r}")
+        unknown = sorted(row.keys() - {"prefix_len", "extend_len", "head_owner"})
+        if unknown:
+            raise InputError(f"{path}: entry {i} has unknown keys {unknown} (use prefix_len, extend_len, head_owner)")
         head = row.get("head_owner")
         values = (row["prefix_len"], row["extend_len"], -1 if head is None else head)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
@@ -152,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except CpkvError as e:
         print(f"cpkv: error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError as e:
+        print(f"cpkv: error: the input is too large to plan in this machine's memory ({e})", file=sys.stderr)
         return 2
     except click.exceptions.Abort:
         print("cpkv: aborted", file=sys.stderr)

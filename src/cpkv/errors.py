@@ -54,8 +54,9 @@ class LaneExhausted(CpkvError, RuntimeError):
         self.needed = int(needed)
         self.available = int(available)
         super().__init__(
-            f"lane {self.lane} exhausted: the call needs {self.needed} pages on lane {self.lane} "
-            f"but only {self.available} are free; nothing was allocated (free or evict pages of "
+            f"lane {self.lane} exhausted: the call needs {self.needed} page{'s' * (self.needed != 1)} on lane "
+            f"{self.lane} but only {self.available} {'is' if self.available == 1 else 'are'} free; nothing was "
+            f"allocated (free or evict pages of "
             f"lane {self.lane}, or add pages_per_lane)"
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import PlanError
 from .planner import BatchPlan
 
 
@@ -26,6 +27,7 @@ def mqa_logits_elements(batch_plan: BatchPlan) -> np.ndarray:
 
     Raises:
         TypeError: ``batch_plan`` is not a ``BatchPlan``.
+        PlanError: the estimate of one rank does not fit int64 (prefixes of ~1e13 tokens).
     """
     if not isinstance(batch_plan, BatchPlan):
         raise TypeError(f"mqa_logits_elements needs a BatchPlan, got {type(batch_plan).__name__}")
@@ -46,5 +48,9 @@ def mqa_logits_elements(batch_plan: BatchPlan) -> np.ndarray:
     req_of_run = np.searchsorted(batch_plan.extend_indptr, run_start, side="right") - 1
     # Absolute end position b of each run: prefix_len + (offset in the request's extend) + length.
     b = batch_plan.prefix_lens[req_of_run] + (run_start - batch_plan.extend_indptr[req_of_run]) + run_len
-    np.add.at(out, owner[run_start], run_len * b)
+    elements = run_len * b
+    approx = np.bincount(owner[run_start], weights=run_len.astype(np.float64) * b, minlength=C)
+    if approx.max() >= 2.0**63:
+        raise PlanError(f"MQA-logits estimate overflows int64: about {approx.max():.3e} elements on one rank")
+    np.add.at(out, owner[run_start], elements)
     return out

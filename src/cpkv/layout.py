@@ -54,23 +54,39 @@ class SharedKVLayout:
         return self.pages_per_lane * self.page_size
 
     def lane_of(self, slots):
-        """Owner lane of each slot, ``(slot // P) % C``; negative slots unchanged. Same type/dtype/device."""
+        """Owner lane of each slot, ``(slot // P) % C`` (C-LAYOUT); negative slots unchanged.
+
+        Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence (slots).
+        Returns: the same type, dtype, shape and device. Raises: LayoutError (non-integer dtype, slot >= C*Q*P).
+        """
         return self._translate(slots, "lane", lambda s, p, o: p % self.cp_size)
 
     def write_slots(self, slots):
-        """Row in the owner's own lane buffer, ``(p // C) * P + o``; negative slots unchanged."""
+        """Row of each slot in its owner's own lane buffer, ``(p // C) * P + o`` (C-LAYOUT, direct write).
+
+        Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence; -1 passes through.
+        Returns: rows in ``[0, Q*P)``, same type, dtype, shape and device. Raises: LayoutError as ``lane_of``.
+        """
         return self._translate(slots, "write", lambda s, p, o: (p // self.cp_size) * self.page_size + o)
 
     def read_slots(self, slots):
-        """Row in the rank-major view, ``((p % C) * Q + p // C) * P + o``; negative slots unchanged."""
+        """Row of each slot in the rank-major view, ``((p % C) * Q + p // C) * P + o`` (C-LAYOUT).
+
+        Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence; -1 passes through.
+        Returns: rows in ``[0, C*Q*P)``, same type, dtype, shape and device. Raises: LayoutError as ``lane_of``,
+        or when a row does not fit the input dtype.
+        """
         C, Q, P = self.cp_size, self.pages_per_lane, self.page_size
         return self._translate(slots, "read", lambda s, p, o: ((p % C) * Q + p // C) * P + o)
 
     def owned_mask(self, slots, rank: int):
-        """Bool mask, same shape: ``slot >= 0 and lane(slot) == rank``. numpy in, numpy out; torch likewise."""
-        rank = check_int("rank", rank, 0)
-        if rank >= self.cp_size:
-            raise LayoutError(f"rank={rank} out of range [0, {self.cp_size})")
+        """Bool mask, same shape: ``slot >= 0 and lane(slot) == rank`` (C-LAYOUT); numpy in, numpy out.
+
+        Raises: LayoutError for ``rank`` outside ``[0, C)`` or bad slots (as ``lane_of``).
+        """
+        if isinstance(rank, bool) or not hasattr(rank, "__index__") or not 0 <= int(rank) < self.cp_size:
+            raise LayoutError(f"rank={rank!r} out of range [0, {self.cp_size})")
+        rank = int(rank)
         slots = self._check(slots)
         wide = slots.to(_torch_int64()) if _is_torch(slots) else slots.astype(np.int64, copy=False)
         return (wide >= 0) & ((wide // self.page_size) % self.cp_size == rank)  # int64: no dtype overflow
@@ -86,7 +102,9 @@ class SharedKVLayout:
             n = slots.numel()
         else:
             if not isinstance(slots, np.ndarray):
-                slots = np.asarray(slots, dtype=np.int64)
+                slots = np.asarray(slots)
+                if slots.size == 0:
+                    slots = slots.astype(np.int64)
             if not np.issubdtype(slots.dtype, np.integer):
                 raise LayoutError(f"slots must have an integer dtype, got {slots.dtype}")
             n = slots.size

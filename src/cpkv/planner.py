@@ -61,7 +61,7 @@ class RequestPlan:
         extend_len: new tokens computed in this forward (E).
         req_index: position of the request in its batch.
         phase: lane of zigzag segment 0 (C-PHASE, or the explicit ``phase=``).
-        head_owner: lane of the partly filled last prefix page, or None.
+        head_owner: lane of the partly filled last prefix page when the request has head tokens, else None.
         head_tokens: extend tokens that fill that page, ``h = min(E, P - L0 % P)`` or 0 (C-HEAD).
         page_owners: ``[m]`` owner lane of each new page, in page order (C-ZIGZAG).
         token_owner: ``[E]`` rank that computes (and owns) each extend token (C-OWNER-EQ-COMPUTE).
@@ -80,6 +80,11 @@ class RequestPlan:
     per_rank_tokens: np.ndarray
     last_token_owner: int
 
+    def __repr__(self) -> str:
+        return (f"RequestPlan(prefix_len={self.prefix_len}, extend_len={self.extend_len}, req_index={self.req_index}, "
+                f"phase={self.phase}, head_owner={self.head_owner}, new_pages={self.num_new_pages}, "
+                f"per_rank_tokens={self.per_rank_tokens.tolist()})")  # fmt: skip
+
     @property
     def num_new_pages(self) -> int:
         """New pages the request needs (m), in pages."""
@@ -93,7 +98,7 @@ class BatchPlan:
     Attributes:
         config: the ``CPConfig`` the plan was made with.
         prefix_lens, extend_lens: ``[B]`` int64, tokens.
-        head_owners: ``[B]`` int64, -1 where a request has no head owner.
+        head_owners: ``[B]`` int64 lane that computes each request's head tokens, -1 where it has none.
         request_phases: ``[B]`` int64 phase of each request.
         page_owners: ``[sum m]`` int64 owners of all new pages, request order.
         page_indptr: ``[B + 1]`` int64, request i's pages are ``page_owners[page_indptr[i]:page_indptr[i+1]]``.
@@ -126,6 +131,11 @@ class BatchPlan:
     gather_index: np.ndarray
     req_indices: np.ndarray
     token_runs: TokenRuns = field(repr=False)
+
+    def __repr__(self) -> str:
+        return (f"BatchPlan(cp_size={self.config.cp_size}, page_size={self.config.page_size}, "
+                f"owner_policy={self.config.owner_policy!r}, requests={self.num_requests}, tokens={self.num_tokens}, "
+                f"new_pages={self.page_owners.shape[0]}, per_rank_tokens={self.per_rank_tokens.tolist()})")  # fmt: skip
 
     @property
     def num_requests(self) -> int:
@@ -232,11 +242,22 @@ def _as_int_array(name: str, values: object, n: int | None) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise PlanError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size and arr.dtype == object and all(isinstance(v, int) for v in arr.tolist()):
+        bad = next(v for v in arr.tolist() if not _INT64_MIN <= v <= _INT64_MAX)
+        raise PlanError(f"{name} holds {bad}, outside the int64 range")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise PlanError(f"{name} must hold integers, got dtype {arr.dtype}: {arr[:8].tolist()}")
+    if arr.size and arr.dtype == np.uint64 and int(arr.max()) > _INT64_MAX:
+        raise PlanError(f"{name} holds {int(arr.max())}, outside the int64 range")
     if n is not None and arr.shape[0] != n:
         raise PlanError(f"{name} has {arr.shape[0]} entries but prefix_lens has {n}")
     return arr.astype(_I64, copy=False)
+
+
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+MAX_POSITION = 2**53
+"""Largest ``prefix_len + extend_len`` (tokens) the planner accepts: positions, slots and the MQA-logits
+estimate stay exact in int64 (and in float64 for the cost model)."""
 
 
 def _optional_lanes(name: str, values: object, n: int, cp_size: int) -> np.ndarray:
@@ -261,6 +282,12 @@ def _lengths(prefix_lens, extend_lens, first_index: int = 0) -> tuple[np.ndarray
         i = _first_bad(arr < 0)
         if i is not None:
             raise PlanError(f"request {i + first_index}: {name}={int(arr[i])} must be >= 0")
+    i = _first_bad((L0 > MAX_POSITION) | (E > MAX_POSITION) | (L0 + E > MAX_POSITION))
+    if i is not None:
+        raise PlanError(
+            f"request {i + first_index}: prefix_len + extend_len = {int(L0[i]) + int(E[i])} exceeds {MAX_POSITION} "
+            f"(prefix_len={int(L0[i])}, extend_len={int(E[i])})"
+        )
     return L0, E
 
 
@@ -315,6 +342,7 @@ def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index:
     last_page = page_owners[np.maximum(page_indptr[1:] - 1, 0)] if page_owners.size else np.zeros(B, _I64)
     last_owner = np.where(m > 0, last_page, np.where(h > 0, head, -1))
 
+    head = np.where(h > 0, head, -1)  # a head owner is recorded only where head tokens exist (C-HEAD)
     arrays = dict(
         prefix_lens=L0, extend_lens=E, head_owners=head, request_phases=phase, page_owners=page_owners,
         page_indptr=page_indptr, extend_indptr=_indptr(E), head_tokens=h, token_owner=token_owner,

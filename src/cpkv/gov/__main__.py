@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     if root is None or not (root / "gov").is_dir():
         print(f"error: no gov/ directory in {root or 'the CWD or above'}; pass --root DIR", file=sys.stderr)
         return 2
+    if args.spec is not None and not (root / args.spec).is_file():
+        print(f"error: --spec {args.spec}: no such file (relative to the root {root})", file=sys.stderr)
+        return 2
     result = run_check(root, args.tests, args.spec)
     if args.report:
         print("\n".join(report_lines(result)))
@@ -56,4 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # e.g. ``--report | head``: the reader left; not an error of the check
+        sys.stderr.close()
+        sys.exit(0)

@@ -70,8 +70,8 @@ class SimConfig:
             ("chunk_size", 1), ("max_batch_tokens", 1), ("max_running", 1), ("livelock_steps", 1), ("seed", 0),
         ):  # fmt: skip
             object.__setattr__(self, name, check_int(name, getattr(self, name), minimum))
-        if not self.logits_budget_mb >= 0:
-            raise ConfigError(f"logits_budget_mb must be >= 0, got {self.logits_budget_mb!r}")
+        if not 0 <= self.logits_budget_mb < float("inf"):
+            raise ConfigError(f"logits_budget_mb must be a finite number >= 0, got {self.logits_budget_mb!r}")
 
     @property
     def logits_budget_elements(self) -> int | None:

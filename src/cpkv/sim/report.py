@@ -25,6 +25,10 @@ REPORT_FIELDS = (
 """Metrics every policy's entry in ``report.json`` carries (issue 8; formulas in docs/metrics.md)."""
 
 
+OUTPUT_FILES = ("report.json", "config.json", "summary.csv", "lanes.png")
+"""Files ``write_outputs`` puts into the output directory."""
+
+
 @dataclass
 class PolicyResult:
     """One policy's replay: ``metrics`` (JSON-ready dict with at least ``REPORT_FIELDS``), and the lane
@@ -44,19 +48,25 @@ def write_outputs(out_dir: Path, config: dict, results: list[PolicyResult]) -> l
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     report = {"config": config, "policies": {r.policy: r.metrics for r in results}}
-    payloads = {
+    payloads = {  # keys: OUTPUT_FILES
         "report.json": json.dumps(report, indent=2).encode(),
         "config.json": json.dumps(config, indent=2).encode(),
         "summary.csv": _summary_csv(results).encode(),
         "lanes.png": _lanes_png(results, config),
     }
+    blocked = [name for name in payloads if (out_dir / name).is_dir()]
+    if blocked:
+        raise IsADirectoryError(f"{out_dir}: {', '.join(blocked)} is a directory; nothing was written")
+    umask = os.umask(0)
+    os.umask(umask)
     tmp_paths = {}
     try:
-        for name, data in payloads.items():
+        for name, data in payloads.items():  # every file complete on disk before any is replaced
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
             tmp_paths[name] = tmp
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+            os.chmod(tmp, 0o666 & ~umask)
         for name, tmp in tmp_paths.items():
             os.replace(tmp, out_dir / name)
     finally:

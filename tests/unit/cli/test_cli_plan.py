@@ -53,3 +53,35 @@ def test_plan_bad_input_exits_2_one_line(argv, message, capsys):
     assert main(["plan", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("cpkv: error:") and message in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--prefix-len", "0", "--extend-len", "100000000000"], "too large to plan in this machine's memory"),
+        (["--prefix-len", "10000000000000", "--extend-len", "8000000", "--head-owner", "0"], "overflows int64"),
+        (["--prefix-len", "100", "--extend-len", "5", "--head-owner", "-2"], "head_owner=-2 out of range"),
+    ],
+)
+@pytest.mark.clause("C-FAIL-FAST")
+def test_plan_huge_or_out_of_range_values_exit_2(argv, message, capsys):
+    assert main(["plan", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe", "cannot read batch file"),
+        (b'[{"prefix_len": 0, "extend_len": 5, "head_ownr": 1}]', "unknown keys ['head_ownr']"),
+        (b"[]", "non-empty JSON list"),
+        (b'[{"prefix_len": "0", "extend_len": 5}]', "entry 0 must hold integers"),
+    ],
+)
+def test_plan_bad_batch_files(content, message, tmp_path, capsys):
+    f = tmp_path / "b.json"
+    f.write_bytes(content)
+    assert main(["plan", "--batch", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err

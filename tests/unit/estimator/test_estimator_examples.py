@@ -36,3 +36,11 @@ def test_rotation_vs_phase0_undersizing():
 def test_rejects_non_plan():
     with pytest.raises(TypeError, match="BatchPlan"):
         mqa_logits_elements([1, 2])
+
+
+def test_estimate_overflow_is_a_typed_error():
+    from cpkv import PlanError
+
+    plan = plan_batch([10**13], [8 * 10**6], CPConfig(8, 64), head_owners=[0])
+    with pytest.raises(PlanError, match="overflows int64"):
+        mqa_logits_elements(plan)

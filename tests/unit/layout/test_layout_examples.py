@@ -48,3 +48,15 @@ def test_sizes_and_errors():
         layout.owned_mask(np.array([0]), 4)
     with pytest.raises(LayoutError, match="does not fit dtype"):
         SharedKVLayout(4, 64, 1024).read_slots(np.array([64], dtype=np.int16))  # -> 65536
+
+
+def test_sequences_must_hold_integers():
+    layout = SharedKVLayout(4, 64, 8)
+    assert layout.read_slots([64, -1]).tolist() == [512, -1]
+    assert layout.read_slots([]).tolist() == []
+    for bad in ([64.9], ["65"]):
+        with pytest.raises(LayoutError, match="integer dtype"):
+            layout.read_slots(bad)
+    for rank in (-1, 4, True):
+        with pytest.raises(LayoutError, match="out of range"):
+            layout.owned_mask([0], rank)

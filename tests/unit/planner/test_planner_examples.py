@@ -146,3 +146,24 @@ def test_plans_are_read_only():
     p = plan_request(0, 100, C4P64)
     with pytest.raises(ValueError):
         p.token_owner[0] = 3
+
+
+@pytest.mark.clause("C-HEAD")
+def test_head_owner_recorded_only_with_head_tokens():
+    cfg = C4P64
+    assert plan_request(0, 10, cfg, head_owner=2).head_owner is None  # aligned prefix: no head page
+    assert plan_request(100, 0, cfg, head_owner=2).head_owner is None  # nothing computed
+    assert plan_request(100, 5, cfg, head_owner=2).head_owner == 2
+    assert "page_owners" not in repr(plan_batch([0] * 64, [4096] * 64, cfg))  # short repr, no arrays
+
+
+@pytest.mark.clause("C-FAIL-FAST")
+def test_positions_beyond_2_pow_53_and_outside_int64_are_plan_errors():
+    with pytest.raises(PlanError, match=r"exceeds 9007199254740992 \(prefix_len=9223372036854775744"):
+        plan_request(2**63 - 64, 128, C4P64)
+    with pytest.raises(PlanError, match="prefix_len \\+ extend_len = 9007199254740993 exceeds"):
+        plan_request(2**53, 1, C4P64)
+    with pytest.raises(PlanError, match="18446744073709551615, outside the int64 range"):
+        plan_batch(np.array([2**64 - 1], dtype=np.uint64), [1], C4P64)
+    with pytest.raises(PlanError, match="outside the int64 range"):
+        plan_batch([10**25], [1], C4P64)

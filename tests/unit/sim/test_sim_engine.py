@@ -119,3 +119,30 @@ def test_cli_simulate_and_bad_trace(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{bad}:2:" in err
     assert not (tmp_path / "b").exists()  # nothing simulated, nothing written
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--pages-per-lane", "0"], "pages_per_lane must be >= 2, got 0"),
+        (["--chunk-size", "0"], "chunk_size must be >= 1, got 0"),
+        (["--max-batch-tokens", "0"], "max_batch_tokens must be >= 1, got 0"),
+        (["--logits-budget-mb", "inf"], "logits_budget_mb must be a finite number"),
+        (["--max-requests", "0"], "num_requests must be >= 1, got 0"),
+    ],
+)
+def test_cli_simulate_rejects_zero_and_infinite_settings(argv, message, tmp_path, capsys):
+    assert main(["simulate", "--no-progress", "--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and not (tmp_path / "o").exists()
+
+
+def test_cli_simulate_checks_out_dir_before_running(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    (tmp_path / "o" / "report.json").mkdir(parents=True)
+    for out, message in ((afile, "exists and is not a directory"), (afile / "sub", "is not a directory"),
+                         (tmp_path / "o", "report.json is a directory")):  # fmt: skip
+        assert main(["simulate", "--max-requests", "3", "--no-progress", "--out", str(out)]) == 2
+        err = capsys.readouterr()
+        assert message in err.err and err.out == ""  # failed before replaying anything
