@@ -76,7 +76,7 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
               help="Device pages per lane (default 16384; tiny-chunks: sized so the burst needs ~80% of the pool).")
 @click.option("--host-pages-per-lane", type=int, default=0, show_default=True, help="Host-tier pages per lane.")
 @click.option("--chunk-size", type=int, default=None, help="Most tokens a request prefills per step [8192].")
-@click.option("--max-batch-tokens", type=int, default=None, help="Most prefill tokens per step [2 x chunk size].")
+@click.option("--max-batch-tokens", type=int, default=None, help="Most prefill tokens per step [max(2 x chunk size, 16384)].")
 @click.option("--logits-budget-mb", type=float, default=0.0, show_default=True,
               help="MQA-logits buffer budget per rank in MiB (0: off).")  # fmt: skip
 @click.option("--colocated-decode", is_flag=True, help="Keep pages for output_length decode steps.")
