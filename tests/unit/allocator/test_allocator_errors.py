@@ -8,19 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from allocator_state import snapshot
 from cpkv import AllocatorError, ConfigError, CPConfig, LaneExhausted, OwnerLaneAllocator, PlanError
 
 pytestmark = pytest.mark.unit
-
-
-def snapshot(alloc: OwnerLaneAllocator) -> tuple:
-    """Everything observable about the free lists, plus the internal free bitmap."""
-    return (
-        alloc.state_digest(),
-        alloc.free_pages_per_lane().tolist(),
-        alloc.is_free(np.arange(alloc.num_pages)).tolist(),
-        alloc._free.tobytes(),
-    )
 
 
 def used_allocator() -> OwnerLaneAllocator:

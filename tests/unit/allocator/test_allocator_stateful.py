@@ -20,21 +20,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import oracle
+from allocator_state import snapshot
 from cpkv import AllocatorError, CPConfig, LaneExhausted, OwnerLaneAllocator
 
 pytestmark = pytest.mark.unit
 
 POLICIES = ("rotation", "legacy", "balanced")
-
-
-def snapshot(alloc: OwnerLaneAllocator) -> tuple:
-    """Everything observable about the free lists, plus the internal free bitmap."""
-    return (
-        alloc.state_digest(),
-        alloc.free_pages_per_lane().tolist(),
-        alloc.is_free(np.arange(alloc.num_pages)).tolist(),
-        alloc._free.tobytes(),
-    )
 
 
 def expected_batch(L0s, Es, lasts, C, P, policy, free_per_lane):
