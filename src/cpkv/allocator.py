@@ -15,7 +15,15 @@ import torch
 
 from .config import CPConfig, per_lane_ints
 from .errors import AllocatorError, ConfigError, LaneExhausted, PlanError
-from .planner import BatchPlan, _as_int_array, _lengths, expand_runs, plan_batch, zigzag_lane_pages
+from .planner import (
+    BatchPlan,
+    _as_int_array,
+    _lengths,
+    expand_runs,
+    offsets_within_key,
+    plan_batch,
+    zigzag_lane_pages,
+)
 
 _I64 = np.int64
 
@@ -317,11 +325,7 @@ class OwnerLaneAllocator:
         C = self.config.cp_size
         counts = np.bincount(run_owner, weights=run_pages, minlength=C).astype(_I64)  # [C]
         self._check_counts(counts)
-        # Pages taken from the run's lane by earlier runs: cumulative pages in (lane, run) order.
-        order = np.argsort(run_owner, kind="stable")
-        sorted_pages, lane_start = run_pages[order], np.cumsum(counts) - counts
-        before = np.empty_like(run_pages)
-        before[order] = np.cumsum(sorted_pages) - sorted_pages - lane_start[run_owner[order]]
+        before = offsets_within_key(run_owner, run_pages, counts)  # pages earlier runs take from the lane
         top = self._base + self._top - 1  # [C] index of each lane's top page in _stack
         return self._stack[expand_runs(top[run_owner] - before, run_pages, step=-1)], counts
 

@@ -473,12 +473,20 @@ def _gather_index(runs: TokenRuns, per_rank: np.ndarray, M: int) -> np.ndarray:
     earlier runs owned by r), so its tokens map to ``r*M + l_j + (t - f_j)``.
     Example C=2, token_owner [0,0,1,1,0]: M=3, gather_index [0,1,3,4,2].
     """
-    owner, length = runs.owner, runs.length
-    key = owner.astype(np.int16) if per_rank.shape[0] <= np.iinfo(np.int16).max else owner
-    order = np.argsort(key, kind="stable")  # radix sort for int16 keys: O(R)
+    return runs.expand(runs.owner * M + offsets_within_key(runs.owner, runs.length, per_rank))
+
+
+def offsets_within_key(key: np.ndarray, length: np.ndarray, key_totals: np.ndarray) -> np.ndarray:
+    """``[R]`` int64: for each run j, the total ``length`` of the earlier runs with the same ``key``.
+
+    ``key`` int64 ``[R]`` in ``[0, K)``, ``length`` int64 ``[R]``, ``key_totals`` = ``bincount(key,
+    length)``, int64 ``[K]``. One stable sort by key (a radix sort for small keys), O(R).
+    Example key [1, 0, 1, 1], length [2, 5, 3, 1] -> [0, 0, 2, 5].
+    """
+    sort_key = key.astype(np.int16) if key_totals.shape[0] <= np.iinfo(np.int16).max else key
+    order = np.argsort(sort_key, kind="stable")
     sorted_len = length[order]
-    local_sorted = np.cumsum(sorted_len) - sorted_len  # offset over all earlier (rank, run) pairs
-    rank_start = np.cumsum(per_rank) - per_rank
-    local = np.empty_like(local_sorted)
-    local[order] = local_sorted - rank_start[owner[order]]
-    return runs.expand(owner * M + local)
+    key_start = np.cumsum(key_totals) - key_totals
+    out = np.empty_like(length)
+    out[order] = np.cumsum(sorted_len) - sorted_len - key_start[key[order]]
+    return out

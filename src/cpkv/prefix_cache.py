@@ -47,7 +47,7 @@ import numpy as np
 from .allocator import OwnerLaneAllocator
 from .errors import PlanError, PrefixCacheError
 from .host_tier import HostTier
-from .planner import _as_int_array
+from .planner import _as_int_array, offsets_within_key
 
 _I64 = np.int64
 _EMPTY = np.zeros(0, dtype=_I64)
@@ -638,10 +638,5 @@ def _page_slots(pages: np.ndarray, page_size: int) -> np.ndarray:
 
 def _rank_within_lane(lanes: np.ndarray) -> np.ndarray:
     """Index of each entry among the earlier entries of the same lane: ``[2,0,2,2,0] -> [0,0,1,2,1]``."""
-    order = np.argsort(lanes, kind="stable")
-    sorted_lanes = lanes[order]
-    starts = np.flatnonzero(np.r_[True, sorted_lanes[1:] != sorted_lanes[:-1]])
-    run_start = np.repeat(starts, np.diff(np.r_[starts, lanes.shape[0]]))
-    rank = np.empty_like(lanes)
-    rank[order] = np.arange(lanes.shape[0], dtype=_I64) - run_start
-    return rank
+    ones = np.ones_like(lanes)
+    return offsets_within_key(lanes, ones, np.bincount(lanes, minlength=int(lanes.max(initial=-1)) + 1))
