@@ -249,7 +249,7 @@ class PolicyRun:
                 if r.decoded == r.req.output_length:
                     self.decoding.remove(r)
                     self._finish(r)
-            return np.bincount(a.plan.token_owner, minlength=self.cfg.cp_size)
+            return a.plan.per_rank_tokens
         return None
 
     def _finish(self, r: _Running) -> None:

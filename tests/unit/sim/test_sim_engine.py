@@ -146,3 +146,16 @@ def test_cli_simulate_checks_out_dir_before_running(tmp_path, capsys):
         assert main(["simulate", "--max-requests", "3", "--no-progress", "--out", str(out)]) == 2
         err = capsys.readouterr()
         assert message in err.err and err.out == ""  # failed before replaying anything
+
+
+@pytest.mark.parametrize("colocated_decode", [False, True])
+def test_no_page_leaks_after_replay(colocated_decode):
+    # After every request finished, the only pages in use are the prefix cache's: nothing leaked.
+    cfg = SimConfig(cp_size=4, page_size=16, pages_per_lane=4096, chunk_size=512, max_batch_tokens=1024,
+                    colocated_decode=colocated_decode)  # fmt: skip
+    spec = build_workload("synthetic", num_requests=25, seed=2)
+    run = PolicyRun(cfg, "rotation", spec.requests)
+    m = run.run().metrics
+    assert m["requests_finished"] == 25
+    _check_conservation(m, spec.requests)
+    assert run.alloc.used_pages_per_lane().tolist() == run.cache.cached_pages_per_lane().tolist()
