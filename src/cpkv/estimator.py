@@ -13,7 +13,7 @@ def mqa_logits_elements(batch_plan: BatchPlan) -> np.ndarray:
 
     For every maximal contiguous run of absolute positions ``[a, b)`` of one request that a rank
     computes, the rank holds a ``(b - a) x b`` block (each query row spans the causal keys up to the end
-    of the run, prefix included). Runs come from the plan's own ``token_owner``, so each request's real
+    of the run, prefix included). Runs come from the plan itself (``position_runs``), so each request's real
     phase and head owner are used (a phase-0 estimate under-sizes rotated ranks).
 
     Example C=2, P=1, L0=0, E=5: owners [0,0,1,1,0] -> runs rank0 [0,2) and [4,5), rank1 [2,4)
@@ -32,25 +32,10 @@ def mqa_logits_elements(batch_plan: BatchPlan) -> np.ndarray:
     if not isinstance(batch_plan, BatchPlan):
         raise TypeError(f"mqa_logits_elements needs a BatchPlan, got {type(batch_plan).__name__}")
     C = batch_plan.config.cp_size
-    out = np.zeros(C, dtype=np.int64)
-    owner = batch_plan.token_owner
-    n = owner.shape[0]
-    if n == 0:
-        return out
-    # Run starts: token 0, every owner change, every request start (flat token indptr).
-    starts = np.zeros(n, dtype=bool)
-    starts[0] = True
-    starts[1:] = owner[1:] != owner[:-1]
-    req_starts = batch_plan.extend_indptr[:-1][batch_plan.extend_lens > 0]
-    starts[req_starts] = True
-    run_start = np.flatnonzero(starts)
-    run_len = np.diff(np.append(run_start, n))
-    req_of_run = np.searchsorted(batch_plan.extend_indptr, run_start, side="right") - 1
-    # Absolute end position b of each run: prefix_len + (offset in the request's extend) + length.
-    b = batch_plan.prefix_lens[req_of_run] + (run_start - batch_plan.extend_indptr[req_of_run]) + run_len
-    elements = run_len * b
-    approx = np.bincount(owner[run_start], weights=run_len.astype(np.float64) * b, minlength=C)
-    if approx.max() >= 2.0**63:
+    owner, a, b = batch_plan.position_runs()
+    approx = np.bincount(owner, weights=(b - a).astype(np.float64) * b, minlength=C)
+    if approx.size and approx.max() >= 2.0**63:
         raise PlanError(f"MQA-logits estimate overflows int64: about {approx.max():.3e} elements on one rank")
-    np.add.at(out, owner[run_start], elements)
+    out = np.zeros(C, dtype=np.int64)
+    np.add.at(out, owner, (b - a) * b)
     return out

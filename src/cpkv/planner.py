@@ -152,6 +152,22 @@ class BatchPlan:
         """Per-request plans (views into the flat arrays), in batch order."""
         return tuple(self._request(i) for i in range(self.num_requests))
 
+    def position_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Maximal runs of one request's absolute positions computed by one rank: ``(owner, a, b)``.
+
+        Each is int64 ``[R']``; the run covers positions ``[a, b)`` (prefix included in the numbering).
+        Built from ``token_runs`` (O(runs), not O(tokens)), merging neighbours of one request and owner.
+        Example C=2, P=1, L0=0, E=5 (owners 0,0,1,1,0): owner [0, 1, 0], a [0, 2, 4], b [2, 4, 5].
+        """
+        runs = self.token_runs
+        flat_start = np.cumsum(runs.length) - runs.length
+        a = self.prefix_lens[runs.req] + flat_start - self.extend_indptr[:-1][runs.req]
+        new = np.ones(runs.length.shape[0], dtype=bool)  # empty runs were dropped: every run has tokens
+        new[1:] = (runs.req[1:] != runs.req[:-1]) | (runs.owner[1:] != runs.owner[:-1])
+        first = np.flatnonzero(new)
+        last = np.append(first[1:], runs.length.shape[0])[: first.shape[0]] - 1
+        return runs.owner[first], a[first], (a + runs.length)[last]
+
     def _request(self, i: int) -> RequestPlan:
         head = int(self.head_owners[i])
         t0, t1 = self.extend_indptr[i], self.extend_indptr[i + 1]

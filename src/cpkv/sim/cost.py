@@ -12,19 +12,12 @@ def causal_pairs_per_rank(plan: BatchPlan) -> np.ndarray:
     """Causal (query, key) pairs each rank computes, float64 ``[C]``, prefix keys included.
 
     A run of absolute positions ``[a, b)`` has queries ``q`` attending keys ``0..q``:
-    ``sum_{q=a}^{b-1} (q + 1) = (b - a) * (a + b + 1) / 2``. Runs come from ``plan.token_runs``.
+    ``sum_{q=a}^{b-1} (q + 1) = (b - a) * (a + b + 1) / 2``. Runs come from ``plan.position_runs()``.
     Example P=1, C=2, L0=0, E=5 (owners 0,0,1,1,0): rank 0 runs [0,2) -> 3 and [4,5) -> 5: 8; rank 1 [2,4) -> 7.
     """
-    runs = plan.token_runs
-    C = plan.config.cp_size
-    if runs.length.size == 0:
-        return np.zeros(C)
-    offset = np.cumsum(runs.length) - runs.length  # flat start of each run
-    req_start = plan.extend_indptr[:-1][runs.req]
-    a = (plan.prefix_lens[runs.req] + offset - req_start).astype(np.float64)
-    b = a + runs.length
-    pairs = runs.length * (a + b + 1) / 2
-    return np.bincount(runs.owner, weights=pairs, minlength=C)
+    owner, a, b = plan.position_runs()
+    pairs = (b - a) * (a + b + 1) / 2  # float64: exact below 2**53, as positions are (MAX_POSITION)
+    return np.bincount(owner, weights=pairs, minlength=plan.config.cp_size)
 
 
 def step_work(
