@@ -93,21 +93,17 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
     """Replay traffic through one CP prefill group under each owner policy; write a side-by-side report."""
     from .sim.config import SimConfig, check_policies
     from .sim.runner import simulate as run_simulation
-    from .sim.workload import build_workload, default_pages_per_lane
+    from .sim.workload import build_workload
 
     if trace is not None and workload is not None:
         raise InputError(f"give --trace or --workload, not both (got --workload {workload})")
     name = "trace" if trace is not None else workload or "synthetic"
     check_out_dir(out_dir)
     spec = build_workload(name, num_requests=max_requests, seed=seed, trace_path=trace)
-    if chunk_size is None:
-        chunk_size = spec.chunk_pages * page_size if spec.chunk_pages else 8192
-    config = SimConfig(
-        cp_size=cp_size, page_size=page_size, host_pages_per_lane=host_pages_per_lane, chunk_size=chunk_size,
-        pages_per_lane=default_pages_per_lane(spec, cp_size, page_size) if pages_per_lane is None else pages_per_lane,
-        max_batch_tokens=max(2 * chunk_size, 16384) if max_batch_tokens is None else max_batch_tokens,
-        logits_budget_mb=logits_budget_mb,
-        colocated_decode=colocated_decode, seed=seed,
+    config = SimConfig.for_workload(
+        spec, cp_size=cp_size, page_size=page_size, pages_per_lane=pages_per_lane,
+        host_pages_per_lane=host_pages_per_lane, chunk_size=chunk_size, max_batch_tokens=max_batch_tokens,
+        logits_budget_mb=logits_budget_mb, colocated_decode=colocated_decode, seed=seed,
     )  # fmt: skip
     result = run_simulation(config, spec, check_policies(list(policies)), out_dir=out_dir, progress=not no_progress)
     click.echo(f"wrote {', '.join(str(p) for p in result.paths)}")

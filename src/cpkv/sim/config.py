@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..config import OWNER_POLICIES, check_int
 from ..errors import ConfigError
+from .workload import WorkloadSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +78,27 @@ class SimConfig:
     def logits_budget_elements(self) -> int | None:
         """The MQA-logits budget per rank in float32 elements, or None when disabled."""
         return int(self.logits_budget_mb * 2**20 // 4) if self.logits_budget_mb else None
+
+    @classmethod
+    def for_workload(cls, spec: WorkloadSpec, **settings) -> SimConfig:
+        """The config for ``spec``: ``settings`` (SimConfig fields) given as None take the workload's value.
+
+        ``chunk_size``: the workload's ``chunk_pages * page_size`` if it has one, else the default 8192.
+        ``max_batch_tokens``: ``max(2 * chunk_size, 16384)``. ``pages_per_lane``: the default 16384,
+        except ``tiny-chunks``, whose pool is sized so the whole concurrent burst needs about 80 % of it:
+        rotation fits it, while a phase-0 planner that piles every page on lane 0 runs out of lane 0 long
+        before any request finishes. Raises ConfigError as the constructor.
+        """
+        given = {k: v for k, v in settings.items() if v is not None}
+        P = check_int("page_size", given.get("page_size", cls.page_size), 1)
+        C = check_int("cp_size", given.get("cp_size", cls.cp_size), 1)
+        if "chunk_size" not in given and spec.chunk_pages:
+            given["chunk_size"] = spec.chunk_pages * P
+        given.setdefault("max_batch_tokens", max(2 * given.get("chunk_size", cls.chunk_size), cls.max_batch_tokens))
+        if "pages_per_lane" not in given and spec.name == "tiny-chunks":
+            pages = sum(-(-r.input_length // P) for r in spec.requests)
+            given["pages_per_lane"] = max(2, -(-pages * 5 // (4 * C)))
+        return cls(**given)
 
     def to_dict(self) -> dict:
         """Plain dict for ``report.json``."""

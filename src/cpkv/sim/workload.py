@@ -530,15 +530,3 @@ def workload_stats(requests: Sequence[Request]) -> dict[str, int | float]:
         "repeated_block_share": repeated / blocks.size if blocks.size else 0.0,
     }
 
-
-def default_pages_per_lane(spec: WorkloadSpec, cp_size: int, page_size: int) -> int:
-    """Default device pages per lane for a workload (pages).
-
-    16384 pages (1M tokens per lane at P=64) for traces and the synthetic workload; for ``tiny-chunks``
-    the pool is sized so the whole concurrent burst needs about 80 % of it: rotation fits it, while a
-    phase-0 planner that piles every page on lane 0 runs out of lane 0 long before any request finishes.
-    """
-    if spec.name != "tiny-chunks":
-        return 16384
-    pages = sum(-(-r.input_length // page_size) for r in spec.requests)
-    return max(2, -(-pages * 5 // (4 * cp_size)))

@@ -12,7 +12,7 @@ from cpkv.sim.engine import PolicyRun
 from cpkv.sim.metrics import compute_imbalance_mean, lane_metrics
 from cpkv.sim.report import REPORT_FIELDS
 from cpkv.sim.runner import simulate
-from cpkv.sim.workload import Request, WorkloadSpec, build_workload, default_pages_per_lane
+from cpkv.sim.workload import Request, WorkloadSpec, build_workload
 
 pytestmark = pytest.mark.unit
 
@@ -69,8 +69,11 @@ def test_oversized_prompt_is_rejected_with_reason_not_aborting():
 
 def test_tiny_chunks_legacy_livelocks_rotation_and_balanced_finish():
     spec = build_workload("tiny-chunks", num_requests=32, seed=0)
-    cfg = SimConfig(cp_size=8, page_size=64, pages_per_lane=default_pages_per_lane(spec, 8, 64),
-                    chunk_size=64, max_batch_tokens=16384, livelock_steps=32)  # fmt: skip
+    cfg = SimConfig.for_workload(spec, cp_size=8, page_size=64, livelock_steps=32)
+    # 1 page per chunk; burst of 32 requests sized to ~80 % of the pool (5/4 of its pages over 8 lanes)
+    assert (cfg.chunk_size, cfg.max_batch_tokens) == (64, 16384)
+    pages = sum(-(-r.input_length // 64) for r in spec.requests)
+    assert cfg.pages_per_lane == -(-pages * 5 // 32)
     legacy = PolicyRun(cfg, "legacy", spec.requests).run().metrics
     assert legacy["livelock_detected"] is True
     assert legacy["livelock"]["lane"] == 0 and legacy["livelock"]["blocked_count"] > 0
