@@ -368,12 +368,22 @@ def test_orphan_normative_clause(repo):
     assert problems(repo) == [f"{C_A}: active normative clause 'C-A' is not named by any test"]
 
 
-@pytest.mark.parametrize(("kind", "status"), [("informative", "active"), ("normative", "deprecated")])
+@pytest.mark.parametrize(
+    ("kind", "status"), [("informative", "active"), ("normative", "deprecated"), ("normative", "proposed")]
+)
 def test_only_active_normative_clauses_need_tests(repo, kind, status):
     write(repo, TEST_A, "def test_a():\n    assert True\n")
     write(repo, W1, work_toml(clauses="[]"))
     write(repo, C_A, clause_toml("C-A", kind=kind, status=status))
     assert problems(repo) == []
+
+
+def test_superseded_by_must_not_name_a_proposed_clause(repo):
+    write(repo, C_A, clause_toml("C-A", status="proposed"))
+    write(
+        repo, C_B, clause_toml("C-B", kind="informative", status="superseded", extra='superseded_by = "C-A"')
+    )
+    assert problems(repo) == [f"{C_B}: superseded_by names 'C-A', which is proposed, not active"]
 
 
 def test_test_names_unknown_clause(repo):
