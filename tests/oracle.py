@@ -144,6 +144,28 @@ def plan_request(
     }
 
 
+def balanced_phase(
+    prefix_len: int, extend_len: int, cp_size: int, page_size: int, req_index: int, free: list[int]
+) -> int:
+    """C-BALANCED phase of one request given each lane's free pages ``free`` (before this request).
+
+    Tries every phase f by planning the request with it, counts the new pages per lane n_r(f), and keeps
+    the f that maximises min_r(free_r - n_r(f)), then sum_r n_r(f) * free_r, then minimises
+    (f - rotation phase) mod C. Written from the SPEC text, one candidate at a time.
+    """
+    C = cp_size
+    rotation = _phase_rule(prefix_len, page_size, req_index, C, "rotation")
+    best_key, best_f = None, None
+    for f in range(C):
+        # Head pages already exist and are not counted; any head owner gives the same new-page owners.
+        owners = plan_request(prefix_len, extend_len, C, page_size, req_index, head_owner=0, phase=f)["page_owners"]
+        n = [owners.count(r) for r in range(C)]
+        key = (min(free[r] - n[r] for r in range(C)), sum(n[r] * free[r] for r in range(C)), -((f - rotation) % C))
+        if best_key is None or key > best_key:
+            best_key, best_f = key, f
+    return best_f
+
+
 # --------------------------------------------------------------------------------------------------
 # C-BATCH, C-GATHER
 # --------------------------------------------------------------------------------------------------

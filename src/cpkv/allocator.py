@@ -145,8 +145,8 @@ class OwnerLaneAllocator:
     def alloc_extend(self, prefix_lens, extend_lens, last_locs) -> ExtendAllocation:
         """Plan a batch and allocate all its new pages at once (SPEC section 7, C-ATOMIC, C-FAIL-FAST).
 
-        Head owners come from ``lane(last_loc // P)``. Under ``balanced`` each request's phase is the lane
-        with the most free pages after the earlier requests of the batch took theirs (ties: lowest lane).
+        Head owners come from ``lane(last_loc // P)``. Under ``balanced`` each request's phase keeps the
+        tightest lane freest after the earlier requests of the batch took theirs (C-BALANCED).
 
         Args:
             prefix_lens: ``[B]`` tokens already cached (ints >= 0).
@@ -293,14 +293,35 @@ class OwnerLaneAllocator:
         return np.where(has, page % C, -1)
 
     def _balanced_phases(self, L0: np.ndarray, E: np.ndarray) -> np.ndarray:
-        """C-BALANCED: phase of each request = lane with the most free pages left (ties: lowest lane)."""
+        """C-BALANCED: each request's phase, requests in batch order, ``[B]`` int64.
+
+        For request i with new pages ``n_r(f)`` per lane under phase f (C-ZIGZAG) and ``free_r`` the free
+        pages left after the earlier requests of the batch, the phase maximises, in this order,
+        (1) ``min_r(free_r - n_r(f))`` (the tightest lane after placement), (2) ``sum_r n_r(f) * free_r``
+        (pages go to freer lanes), then minimises (3) ``(f - rotation_phase) mod C``. Integers only, so
+        every rank makes the same choice. A request without new pages takes the rotation phase.
+        Example C=2, P=1, free [4, 5], one 8-token prompt in chunks of 3, 3, 2: phases 0, 1, 0 (free
+        [3, 3], [1, 2], [0, 1]); C=2, Q=2 (free [1, 2]): one-token batches get lanes 1, then 0.
+        """
         P, C = self.config.page_size, self.config.cp_size
-        m = -(-(L0 + E) // P) - -(-L0 // P)
-        free = self._top.copy()
-        phases = np.empty(L0.shape[0], dtype=_I64)
-        for i in range(L0.shape[0]):
-            phases[i] = int(np.argmax(free))  # argmax returns the first (lowest) maximal lane
-            free -= zigzag_lane_pages(int(m[i]), int(phases[i]), C)
+        m = -(-(L0 + E) // P) - -(-L0 // P)  # [B] new pages
+        rotation = (L0 // P + np.arange(L0.shape[0], dtype=_I64)) % C  # [B] C-PHASE rotation phase
+        phases = rotation.copy()
+        if C == 1:
+            return phases
+        free = self._top.copy()  # [C]
+        r = np.arange(C, dtype=_I64)
+        roll = (r[None, :] - r[:, None]) % C  # [f, r] zigzag rank whose pages land on lane r under phase f
+        tie_rank = (r[None, :] - rotation[:, None]) % C  # [B, f] criterion 3
+        for i in np.flatnonzero(m):
+            n = zigzag_lane_pages(int(m[i]), 0, C)[roll]  # [f, r] n_r(f)
+            tight = (free - n).min(axis=1)  # [f] criterion 1
+            spread = n @ free  # [f] criterion 2
+            best = np.flatnonzero(tight == tight.max())
+            best = best[spread[best] == spread[best].max()]
+            f = int(best[np.argmin(tie_rank[i, best])])
+            phases[i] = f
+            free -= n[f]
         return phases
 
     def _check_counts(self, counts: np.ndarray) -> None:

@@ -30,7 +30,7 @@ def app() -> None:
 @click.option("--req-index", type=int, default=None, help="Batch position of a single request (phase input).")
 @click.option("--head-owner", type=int, multiple=True, help="Lane of each request's last_loc page (-1: none).")
 @click.option("--policy", type=click.Choice(["rotation", "legacy", "balanced"]), default=None,
-              help="Owner policy (default: $CPKV_OWNER_POLICY, else rotation).")  # fmt: skip
+              help="Owner policy (default: $CPKV_OWNER_POLICY, else balanced).")  # fmt: skip
 @click.option("--batch", type=click.Path(path_type=Path), default=None,
               help="JSON list of {prefix_len, extend_len[, head_owner]} instead of the flags.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 OWNER_POLICIES = ("rotation", "legacy", "balanced")
-"""Owner policies: ``rotation`` (default), ``legacy`` (phase 0, escape hatch), ``balanced``."""
+"""Owner policies: ``balanced`` (default, C-BALANCED), ``rotation`` (the seed rule, C-PHASE), ``legacy``
+(phase 0, escape hatch)."""
+
+DEFAULT_OWNER_POLICY = "balanced"
 
 OWNER_POLICY_ENV = "CPKV_OWNER_POLICY"
 
@@ -49,9 +52,10 @@ class CPConfig:
     Attributes:
         cp_size: ranks in the CP group (C), an int >= 1.
         page_size: tokens per KV page (P), an int >= 1.
-        owner_policy: ``"rotation"`` (phase = (prefix pages + req_index) % C), ``"legacy"`` (phase 0) or
-            ``"balanced"`` (the allocator picks the emptiest lane; the planner alone uses rotation).
-            ``None`` reads ``CPKV_OWNER_POLICY`` once, here, defaulting to ``"rotation"``; after
+        owner_policy: ``"balanced"`` (the allocator picks each request's phase so the tightest lane
+            stays freest, C-BALANCED; the planner alone, without allocator state, uses rotation),
+            ``"rotation"`` (phase = (prefix pages + req_index) % C, C-PHASE) or ``"legacy"`` (phase 0).
+            ``None`` reads ``CPKV_OWNER_POLICY`` once, here, defaulting to ``"balanced"``; after
             construction the field always holds the resolved policy.
 
     Raises:
@@ -67,8 +71,8 @@ class CPConfig:
         object.__setattr__(self, "cp_size", check_int("cp_size", self.cp_size, 1))
         object.__setattr__(self, "page_size", check_int("page_size", self.page_size, 1))
         if self.owner_policy is None:
-            raw = os.environ.get(OWNER_POLICY_ENV, "rotation")
-            policy = raw.strip().lower() or "rotation"
+            raw = os.environ.get(OWNER_POLICY_ENV, DEFAULT_OWNER_POLICY)
+            policy = raw.strip().lower() or DEFAULT_OWNER_POLICY
             source = f"environment variable {OWNER_POLICY_ENV}"
         else:
             raw = policy = self.owner_policy

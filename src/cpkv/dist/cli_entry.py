@@ -31,7 +31,7 @@ def run_dist_options(f):
         click.option("--pages-per-lane", type=int, default=None,
                      help="Pages per lane (Q); default: enough for every request on one lane."),
         click.option("--policy", type=click.Choice(list(OWNER_POLICIES)), default=None,
-                     help="Owner policy (default: $CPKV_OWNER_POLICY, else rotation)."),
+                     help="Owner policy (default: $CPKV_OWNER_POLICY, else balanced)."),
         click.option("--layers", type=int, default=2, show_default=True, help="Decoder layers of the tiny model."),
         click.option("--kv-mode", type=click.Choice(list(KV_MODES)), default="mla", show_default=True,
                      help="mla: one 576-wide latent KV row per token; mha: K and V of every head."),

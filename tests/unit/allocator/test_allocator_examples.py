@@ -205,48 +205,6 @@ def test_decode_under_legacy_always_uses_lane_zero():
 
 
 # ----------------------------------------------------------------------------------------------------
-# C-BALANCED
-# ----------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.clause("C-BALANCED")
-def test_balanced_picks_emptiest_lane_in_batch_order():
-    # C=4, P=1, Q=8: fresh free = [7, 8, 8, 8] (page 0 reserved on lane 0).
-    # r0: E=3, m=3 -> phase argmax([7,8,8,8]) = 1 (tie 1,2,3 -> lowest). Segments 0,1,2 -> z 0,1,2
-    #     -> owners [1,2,3]; free -> [7,7,7,7].
-    # r1: E=2 -> phase argmax([7,7,7,7]) = 0 -> owners [0,1]; free -> [6,6,7,7].
-    # r2: E=1 -> phase 2 (tie 2,3) -> owners [2]; free -> [6,6,6,7].
-    # r3: E=5 -> phase 3; segments 0..4 -> z 0,1,2,3,3 -> owners (z+3)%4 = [3,0,1,2,2]; free -> [5,5,4,6].
-    # Pages (lowest first): lane 0: 4, 8; lane 1: 1, 5, 9; lane 2: 2, 6, 10, 14; lane 3: 3, 7.
-    # r0 -> 1, 2, 3; r1 -> 4, 5; r2 -> 6; r3 -> 7, 8, 9, 10, 14. With P=1 the slots are the pages.
-    alloc = OwnerLaneAllocator(CPConfig(4, 1, "balanced"), 8)
-    res = alloc.alloc_extend([0, 0, 0, 0], [3, 2, 1, 5], [-1, -1, -1, -1])
-    assert res.plan.request_phases.tolist() == [1, 0, 2, 3]
-    assert res.plan.page_owners.tolist() == [1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 2]
-    assert res.new_pages.tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 14]
-    assert res.out_cache_loc.tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 14]
-    assert alloc.free_pages_per_lane().tolist() == [5, 5, 4, 6]
-    # Next call sees that state: one page -> lane 3 (6 free), its lowest free page 11.
-    nxt = alloc.alloc_extend([0], [1], [-1])
-    assert nxt.plan.request_phases.tolist() == [3]
-    assert nxt.new_pages.tolist() == [11]
-    # Rotation on the same fresh batch would use phases [0, 1, 2, 3] (req_index) instead.
-    rot = OwnerLaneAllocator(CPConfig(4, 1, "rotation"), 8)
-    assert rot.alloc_extend([0, 0, 0, 0], [3, 2, 1, 5], [-1] * 4).plan.request_phases.tolist() == [0, 1, 2, 3]
-
-
-@pytest.mark.clause("C-BALANCED")
-def test_balanced_follows_unequal_capacity():
-    # Capacities [2, 6, 4, 6] -> usable [1, 6, 4, 6]. One-page requests: free [1,6,4,6] -> lane 1 (tie 1,3
-    # -> lowest); then [1,5,4,6] -> lane 3; then [1,5,4,5] -> lane 1; then [1,4,4,5] -> lane 3.
-    alloc = OwnerLaneAllocator(CPConfig(4, 2, "balanced"), [2, 6, 4, 6])
-    res = alloc.alloc_extend([0, 0, 0, 0], [2, 1, 2, 1], [-1] * 4)
-    assert res.plan.request_phases.tolist() == [1, 3, 1, 3]
-    assert res.new_pages.tolist() == [1, 3, 5, 7]
-    assert alloc.free_pages_per_lane().tolist() == [1, 4, 4, 4]
-
-
-# ----------------------------------------------------------------------------------------------------
 # unequal per-lane capacity
 # ----------------------------------------------------------------------------------------------------
 

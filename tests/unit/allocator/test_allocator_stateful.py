@@ -31,14 +31,14 @@ POLICIES = ("rotation", "legacy", "balanced")
 def expected_batch(L0s, Es, lasts, C, P, policy, free_per_lane):
     """Oracle plan of a batch as the allocator must make it: list of per-request oracle plans.
 
-    Head owner = lane of ``last_loc``'s page. Under ``balanced`` each request's phase is the first lane
-    with the most free pages, after subtracting the pages of the earlier requests (C-BALANCED).
+    Head owner = lane of ``last_loc``'s page. Under ``balanced`` each request's phase follows C-BALANCED
+    (``oracle.balanced_phase``), after subtracting the pages of the earlier requests.
     """
     free = list(free_per_lane)
     plans = []
     for i, (L0, E, last) in enumerate(zip(L0s, Es, lasts, strict=True)):
         head = (last // P) % C if L0 > 0 else None
-        phase = free.index(max(free)) if policy == "balanced" else None
+        phase = oracle.balanced_phase(L0, E, C, P, i, free) if policy == "balanced" else None
         plan = oracle.plan_request(L0, E, C, P, req_index=i, head_owner=head, phase=phase, policy=policy)
         for r in plan["page_owners"]:
             free[r] -= 1

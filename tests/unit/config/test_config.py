@@ -15,7 +15,7 @@ def test_policy_from_env_read_once(monkeypatch):
     assert cfg.owner_policy == "legacy"
     assert CPConfig(4, 64).owner_policy == "rotation"
     monkeypatch.delenv("CPKV_OWNER_POLICY")
-    assert CPConfig(4, 64).owner_policy == "rotation"
+    assert CPConfig(4, 64).owner_policy == "balanced"  # the default (C-PHASE, C-BALANCED)
     assert CPConfig(4, 64, "balanced").owner_policy == "balanced"
 
 
