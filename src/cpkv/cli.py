@@ -110,7 +110,7 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
 
 
 def _add_run_dist() -> None:
-    from .dist.cli_entry import run_dist_cli  # one definition, shared with ``python -m cpkv.dist``
+    from .executor.cli_entry import run_dist_cli  # one definition, shared with ``python -m cpkv.executor``
 
     app.add_command(run_dist_cli)
 

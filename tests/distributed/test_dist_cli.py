@@ -1,4 +1,4 @@
-"""``cpkv run-dist`` (spawns its ranks) and ``torchrun -m cpkv.dist``: max abs error and per-rank tokens."""
+"""``cpkv run-dist`` (spawns its ranks) and ``torchrun -m cpkv.executor``: max abs error and per-rank tokens."""
 
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cpkv.dist.cli_entry import TOLERANCE, run_dist_cli
+from cpkv.executor.cli_entry import TOLERANCE, run_dist_cli
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
@@ -48,7 +48,7 @@ def test_run_dist_command_text_and_bad_flags():
 )
 def test_torchrun_entry():
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "cpkv.dist",
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "cpkv.executor",
            "--json", "--kv-mode", "mha", "--no-reuse", *ARGS]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]

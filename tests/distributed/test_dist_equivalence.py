@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import oracle
-from cpkv.dist import DistCase, TinyDecoderConfig, make_workload, run_dist
+from cpkv.executor import DistCase, TinyDecoderConfig, make_workload, run_dist
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 

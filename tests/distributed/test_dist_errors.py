@@ -12,7 +12,7 @@ import time
 import pytest
 
 from cpkv import LaneExhausted
-from cpkv.dist import (
+from cpkv.executor import (
     DistCase,
     InjectedFault,
     LaunchError,
@@ -23,7 +23,7 @@ from cpkv.dist import (
     run_case,
     run_dist,
 )
-from cpkv.dist.launch import spawn_ranks
+from cpkv.executor.launch import spawn_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cpkv import ConfigError, LaneExhausted, PlanError
-from cpkv.dist import (
+from cpkv.executor import (
     KVBuffer,
     LaneWriteError,
     RankOrderError,
@@ -18,8 +18,8 @@ from cpkv.dist import (
     check_rank_order,
     make_workload,
 )
-from cpkv.dist.group import pickle_error
-from cpkv.dist.workload import split_lengths
+from cpkv.executor.group import pickle_error
+from cpkv.executor.workload import split_lengths
 from cpkv.layout import SharedKVLayout
 
 pytestmark = pytest.mark.distributed

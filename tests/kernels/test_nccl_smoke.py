@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cpkv.dist import DistCase, TinyDecoderConfig, make_workload, run_dist
+from cpkv.executor import DistCase, TinyDecoderConfig, make_workload, run_dist
 
 pytestmark = [
     pytest.mark.gpu,

@@ -18,7 +18,7 @@ import torch
 from ..config import CPConfig, check_int
 from ..layout import SharedKVLayout
 from .errors import DistError
-from .executor import CPExecutor, WriteAudit
+from .forward import CPExecutor, WriteAudit
 from .group import RankGroup
 from .kv_buffer import KVBuffer, create_kv_buffer
 from .model import TinyDecoder, TinyDecoderConfig

@@ -1,4 +1,4 @@
-"""torchrun entry: ``torchrun --nproc-per-node C -m cpkv.dist [flags of cpkv run-dist but --cp-size]``.
+"""torchrun entry: ``torchrun --nproc-per-node C -m cpkv.executor [flags of cpkv run-dist but --cp-size]``.
 
 Each process joins the torchrun world (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``PORT``
 from the environment; torchrun's default master address is 127.0.0.1), runs the case the flags describe

@@ -163,7 +163,7 @@ class RankGroup:
         err = pickle.loads(payloads[src])  # type: ignore[arg-type]
         if hasattr(err, "add_note"):
             err.add_note(
-                f"[cpkv.dist] raised on rank {src} during {where}; every rank of the group raises it"
+                f"[cpkv.executor] raised on rank {src} during {where}; every rank of the group raises it"
             )
         raise err from (error if error is not None else None)
 

@@ -4,7 +4,7 @@ Proves end to end that the owner plans, the rank-major layout and the gather ind
 (gloo on CPU, NCCL when every rank has a GPU) run CP prefill over one shared paged KV buffer, each writing
 only its own lane, and the gathered final hidden states equal a single-process reference.
 
-Entry points: ``run_dist(cases, cp_size)`` (spawns the ranks), ``python -m cpkv.dist`` under torchrun,
+Entry points: ``run_dist(cases, cp_size)`` (spawns the ranks), ``python -m cpkv.executor`` under torchrun,
 ``cpkv run-dist`` (see ``cli_entry.run_dist_command``). See docs/distributed.md.
 """
 
@@ -18,7 +18,7 @@ from .errors import (
     RemoteRankError,
     ReplicaDivergence,
 )
-from .executor import CPExecutor, ForwardOutput, WriteAudit
+from .forward import CPExecutor, ForwardOutput, WriteAudit
 from .group import RankGroup, check_rank_order
 from .kv_buffer import KVBuffer, create_kv_buffer
 from .launch import DistRun, RankOutcome, run_dist, run_rank, spawn_ranks

@@ -1,4 +1,4 @@
-"""Typed errors of the distributed reference executor (``cpkv.dist``).
+"""Typed errors of the distributed reference executor (``cpkv.executor``).
 
 Errors a rank raises on its own (``LaneExhausted``, ``PlanError``, ...) are not wrapped: every rank of the
 group raises the same typed error (see ``RankGroup.agree``). The classes here are for what only a group

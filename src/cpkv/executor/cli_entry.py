@@ -1,4 +1,4 @@
-"""``cpkv run-dist`` and ``python -m cpkv.dist``: build one case from flags, run it, summarise.
+"""``cpkv run-dist`` and ``python -m cpkv.executor``: build one case from flags, run it, summarise.
 
 ``run_dist_command`` spawns the ranks itself; ``__main__`` runs one rank of a torchrun world with the same
 flags (``run_dist_options``), so both entry points share one definition of the options.
@@ -25,7 +25,7 @@ DEFAULT_EXTEND_LENS = (300, 50)
 
 
 def run_dist_options(f):
-    """Click options shared by ``cpkv run-dist`` and ``python -m cpkv.dist`` (all but ``--cp-size``)."""
+    """Click options shared by ``cpkv run-dist`` and ``python -m cpkv.executor`` (all but ``--cp-size``)."""
     options = [
         click.option("--page-size", type=int, default=16, show_default=True, help="Tokens per KV page (P)."),
         click.option("--pages-per-lane", type=int, default=None,
