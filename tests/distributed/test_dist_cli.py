@@ -1,57 +1,97 @@
-"""``cpkv run-dist`` (spawns its ranks) and ``torchrun -m cpkv.executor``: max abs error and per-rank tokens."""
+"""``cpkv run-dist`` (spawns its ranks) and ``torchrun -m cpkv.executor``: max abs error, per-rank tokens,
+and with ``--attention nsa`` the measured logits elements and the top-k agreement."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+import oracle
+from cpkv.cli import main
 from cpkv.executor.cli_entry import TOLERANCE, run_dist_cli
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
 ARGS = ["--page-size", "16", "--prefix-len", "0", "--extend-len", "9", "--prefix-len", "21",
         "--extend-len", "40", "--chunks", "3", "--seed", "1"]  # fmt: skip
+NSA = ["--attention", "nsa", "--index-topk", "8", "--index-heads", "4"]
 
 
-def test_run_dist_command_json():
-    res = CliRunner().invoke(run_dist_cli, ["--cp-size", "2", "--json", *ARGS])
+def check_nsa_json(out: dict) -> None:
+    """Every forward: each rank's measured logits elements (both layers) == estimate == the oracle's;
+    top-k rows agree with the reference (or differ only at near ties)."""
+    assert out["attention"] == "nsa" and out["index_topk"] == 8 and out["ok"] is True
+    C, P = out["cp_size"], out["page_size"]
+    for f in out["forwards"]:
+        want = oracle.mqa_logits_elements(f["prefix_lens"], f["extend_lens"], C, P, head_owners=f["head_owners"],
+                                          phases=f["phases"])  # fmt: skip
+        assert f["logits_estimated"] == want
+        assert f["logits_measured"] == [[e, e] for e in want]
+        assert f["topk_mismatched"] == f["topk_near_tie"]
+    assert out["logits_match"] is True
+    assert out["topk_rows"] == 2 * sum(sum(f["extend_lens"]) for f in out["forwards"])
+
+
+@pytest.mark.clause("C-NSA")
+def test_run_dist_nsa_json_with_unequal_lanes():
+    res = CliRunner().invoke(
+        run_dist_cli, ["--cp-size", "2", "--json", "--pages-per-lane", "9,8", *NSA, *ARGS]
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["ok"] is True and out["max_abs_err"] <= TOLERANCE == out["tolerance"]
     assert (out["cp_size"], out["page_size"], out["kv_mode"], out["kv_row_width"]) == (2, 16, "mla", 576)
+    assert out["pages_per_lane"] == [9, 8]
     assert out["policy"] == os.environ.get("CPKV_OWNER_POLICY", "balanced")  # the default policy (C-PHASE)
+    check_nsa_json(out)
     # Per-rank tokens add up to every token computed: wave 1 (21 + 9 + 40) and the reuse wave.
     fw = out["forwards"]
     assert sum(out["per_rank_tokens"]) == sum(sum(f["extend_lens"]) for f in fw)
     assert sum(sum(f["extend_lens"]) for f in fw[:4]) == 21 + 9 + 40
-    assert [f["per_rank_tokens"] for f in fw] and all(len(f["per_rank_tokens"]) == 2 for f in fw)
+    assert all(len(f["per_rank_tokens"]) == 2 for f in fw)
 
 
-def test_run_dist_command_text_and_bad_flags():
+def test_run_dist_command_text_and_bad_flags(capsys):
     res = CliRunner().invoke(
         run_dist_cli, ["--cp-size", "1", "--policy", "legacy", "--kv-mode", "mha", *ARGS]
     )
     assert res.exit_code == 0, res.output
     assert "max abs error vs single-process reference" in res.output and "OK" in res.output
     assert "per-rank tokens (all forwards): [" in res.output
+    assert "attention=dense" in res.output and "logits" not in res.output
     bad = CliRunner().invoke(run_dist_cli, ["--cp-size", "2", "--prefix-len", "0"])
     assert isinstance(bad.exception, ValueError) and "one prefix_len per extend_len" in str(bad.exception)
+    # Bad flags: one line on stderr, exit 2, before any rank starts.
+    for argv, msg in [
+        (["--pages-per-lane", "9,10"], "--pages-per-lane has 2 entries, cp_size=4 needs 4"),
+        (["--pages-per-lane", "9,x"], "'9,x' is not an int or a comma-separated list of ints"),
+        (["--attention", "nsa", "--kv-mode", "mha"], "needs kv_mode='mla', got kv_mode='mha'"),
+        (["--attention", "nsa", "--index-topk", "0"], "index_topk must be >= 1, got 0"),
+    ]:
+        assert main(["run-dist", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("cpkv: error: ") and msg in err, err
 
 
-@pytest.mark.skipif(
-    shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="no torchrun"
-)
-def test_torchrun_entry():
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "cpkv.executor",
-           "--json", "--kv-mode", "mha", "--no-reuse", *ARGS]  # fmt: skip
+def test_pages_per_lane_one_says_page_zero_is_reserved(capsys):
+    """Q=1 leaves lane 0 nothing to hand out: the one-line error says that page 0 is reserved."""
+    assert main(["run-dist", "--cp-size", "1", "--pages-per-lane", "1", *ARGS]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "lane 0 exhausted" in err
+    assert "--pages-per-lane gives lane 0 1 page, 0 usable: page 0 is reserved for padding writes" in err
+
+
+@pytest.mark.clause("C-NSA")
+def test_torchrun_entry_nsa():
+    """``torchrun -m cpkv.executor`` (run as ``python -m torch.distributed.run``, torchrun's module)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "cpkv.executor", "--json", "--no-reuse", *NSA, *ARGS]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert out["cp_size"] == 2 and out["ok"] is True
     assert sum(out["per_rank_tokens"]) == 21 + 9 + 40
+    check_nsa_json(out)

@@ -1,65 +1,19 @@
 """CP prefill on C real processes equals the single-process reference (SPEC C-LAYOUT, C-GATHER,
 C-OWNER-EQ-COMPUTE, C-RELOAD), for C in {1, 2, 4} and page_size in {1, 16, 64}, under every policy.
 
-One spawned gloo group per C runs every case of the matrix in turn (spawning dominates the cost on a
-2-core CI machine). Each case's workload has, in one batch, a fresh request, a page-aligned prefix, an
-unaligned prefix and short extends (< 2*C), spread over 3 chunked forwards, then a wave of requests that
-hit the prefix cache. Every rank audits its own writes (ranks take turns and diff the whole buffer).
+The cases (dense and NSA) come from ``matrix.cases_for``, one spawned gloo group per C (``conftest.run``).
+Audited cases have every rank audit its own writes (ranks take turns and diff every pool).
 """
 
 import numpy as np
 import pytest
+from matrix import PAGE_SIZES, by_name, cases_for
 
 import oracle
-from cpkv.executor import DistCase, TinyDecoderConfig, make_workload, run_dist
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 TOL = 1e-5
-PAGE_SIZES = (1, 16, 64)
-POLICIES = ("rotation", "legacy", "balanced")
-SMALL_MLA = TinyDecoderConfig(kv_lora_rank=48, rope_dim=16, seed=3)  # 64-wide latent rows
-
-
-def workload(C: int, P: int, *, reload: bool = False):
-    """Fresh E = 2C-1; aligned L0 = 2P; unaligned L0 = P+3; L0 = 0 with E = 4P+7; 3 chunks; reuse wave."""
-    prefix = [0, 2 * P, P + 3, 0]
-    extend = [2 * C - 1, 3 * P + 5, 5, 4 * P + 7]
-    return prefix, extend, make_workload(prefix, extend, chunks=3, seed=11 * C + P, reuse=True, reload=reload)
-
-
-def cases_for(C: int) -> list[DistCase]:
-    cases = [
-        DistCase(
-            workload=workload(C, P)[2],
-            page_size=P,
-            policy=pol,
-            model=SMALL_MLA,
-            audit_writes=True,
-            name=f"P{P}-{pol}",
-        )  # fmt: skip
-        for P in PAGE_SIZES
-        for pol in POLICIES
-    ]
-    # The 576-wide MLA default, MHA on the replicated (GPU-style) storage, and host-tier load-back.
-    cases.append(DistCase(workload=workload(C, 16)[2], page_size=16, name="mla576"))
-    mha = TinyDecoderConfig(kv_mode="mha", num_layers=3, seed=5)
-    cases.append(DistCase(workload=workload(C, 16)[2], page_size=16, kv_storage="replicated", audit_writes=True,
-                          model=mha, name="mha-replicated"))  # fmt: skip
-    cases.append(DistCase(workload=workload(C, 16, reload=True)[2], page_size=16, model=SMALL_MLA,
-                          host_pages_per_lane=64, audit_writes=True, name="reload"))  # fmt: skip
-    return cases
-
-
-@pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda c: f"C{c}")
-def run(request):
-    C = request.param
-    return C, run_dist(cases_for(C), C, backend="gloo", timeout_s=60, deadline_s=240)
-
-
-def by_name(run_, name):
-    C, r = run_
-    return next(x for x in r.results if x.name == name)
 
 
 @pytest.mark.clause("C-GATHER")
@@ -67,7 +21,7 @@ def by_name(run_, name):
 def test_every_case_matches_single_process_reference(run):
     C, r = run
     results = r.results
-    assert len(results) == len(PAGE_SIZES) * len(POLICIES) + 3
+    assert [res.name for res in results] == [c.name for c in cases_for(C)]
     for res in results:
         assert res.cp_size == C
         assert res.max_abs_err is not None and res.max_abs_err <= TOL, (res.name, res.max_abs_err)
@@ -79,10 +33,11 @@ def test_every_case_matches_single_process_reference(run):
 
 @pytest.mark.clause("C-GATHER")
 def test_hidden_states_identical_across_policies(run):
-    for P in PAGE_SIZES:
-        ref = by_name(run, f"P{P}-rotation").hidden()
-        for pol in ("legacy", "balanced"):
-            np.testing.assert_allclose(by_name(run, f"P{P}-{pol}").hidden(), ref, rtol=0, atol=TOL)
+    for kind in ("", "nsa-"):
+        for P in PAGE_SIZES:
+            ref = by_name(run, f"{kind}P{P}-rotation").hidden()
+            for pol in ("legacy", "balanced"):
+                np.testing.assert_allclose(by_name(run, f"{kind}P{P}-{pol}").hidden(), ref, rtol=0, atol=TOL)
 
 
 @pytest.mark.clause("C-LAYOUT")
@@ -90,12 +45,16 @@ def test_direct_write_only_own_lane(run):
     """Each rank, writing alone, changed only rows of its own lane, only its own tokens' rows, which read
     back through read_slots as written; at the end every row nobody wrote still holds its NaN guard."""
     C, r = run
-    audited = [res.name for res in r.results if res.name not in ("mla576",)]
+    audited = [c.name for c in cases_for(C) if c.audit_writes]
+    assert {"P1-rotation", "mha-mirrored", "reload", "nsa-P16-balanced", "nsa-reload"} <= set(audited)
     for outcome in r.outcomes:
         for res in outcome.result:
             if res.name not in audited:
                 continue
             assert res.audits, res.name
+            # One audit per forward, layer and pool; NSA cases audit the index-K pool too.
+            pools = {"latent", "index_k"} if res.attention == "nsa" else {"latent"}
+            assert {a.pool for a in res.audits} == pools, res.name
             for a in res.audits:
                 assert a.rank == outcome.rank
                 assert (a.rows_outside_lane, a.rows_unexpected, a.rows_misread) == (0, 0, 0), (res.name, a)
@@ -159,8 +118,8 @@ def test_reload_from_host_tier_on_owner_lanes(run):
     assert res.max_abs_err <= TOL
 
 
-def test_mha_on_replicated_storage_and_mla576(run):
-    mha = by_name(run, "mha-replicated")
-    assert mha.kv_storage == "replicated" and mha.max_abs_err <= TOL
+def test_mha_on_mirrored_storage_and_mla576(run):
+    mha = by_name(run, "mha-mirrored")
+    assert mha.kv_storage == "mirrored" and mha.max_abs_err <= TOL
     mla = by_name(run, "mla576")
     assert mla.kv_storage == "shm" and mla.max_abs_err <= TOL

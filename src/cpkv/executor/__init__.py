@@ -2,13 +2,16 @@
 
 Proves end to end that the owner plans, the rank-major layout and the gather index are right: C ranks
 (gloo on CPU, NCCL when every rank has a GPU) run CP prefill over one shared paged KV buffer, each writing
-only its own lane, and the gathered final hidden states equal a single-process reference.
+only its own lane, and the gathered final hidden states equal a single-process reference. With
+``attention="nsa"`` the model is a tiny DeepSeek sparse-attention decoder (lightning indexer with an index-K
+pool beside the latent pool, top-k, sparse MLA), and each rank counts the indexer logits it materialises
+against ``mqa_logits_elements`` (SPEC C-NSA, C-ESTIMATE).
 
 Entry points: ``run_dist(cases, cp_size)`` (spawns the ranks), ``python -m cpkv.executor`` under torchrun,
 ``cpkv run-dist`` (see ``cli_entry.run_dist_command``). See docs/distributed.md.
 """
 
-from .case import CaseResult, DistCase, ForwardRecord, run_case, run_cases
+from .case import DistCase, host_hooks, run_case, run_cases
 from .errors import (
     DistError,
     InjectedFault,
@@ -18,11 +21,12 @@ from .errors import (
     RemoteRankError,
     ReplicaDivergence,
 )
-from .forward import CPExecutor, ForwardOutput, WriteAudit
+from .forward import CPExecutor, ForwardOutput, WriteAudit, gather_back
 from .group import RankGroup, check_rank_order
 from .kv_buffer import KVBuffer, create_kv_buffer
 from .launch import DistRun, RankOutcome, run_dist, run_rank, spawn_ranks
-from .model import TinyDecoder, TinyDecoderConfig
+from .model import Reference, TinyDecoder, TinyDecoderConfig
+from .records import CaseResult, ForwardRecord
 from .scheduler import ForwardBatch, ReplicatedScheduler
 from .workload import Workload, make_workload
 
@@ -42,6 +46,7 @@ __all__ = [
     "RankGroup",
     "RankOrderError",
     "RankOutcome",
+    "Reference",
     "RemoteRankError",
     "ReplicaDivergence",
     "ReplicatedScheduler",
@@ -51,6 +56,8 @@ __all__ = [
     "WriteAudit",
     "check_rank_order",
     "create_kv_buffer",
+    "gather_back",
+    "host_hooks",
     "make_workload",
     "run_case",
     "run_cases",

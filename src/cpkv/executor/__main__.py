@@ -22,22 +22,17 @@ from .launch import cases_target, run_rank
 @click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
               help="Limit of each collective, in seconds.")  # fmt: skip
 @run_dist_options
-def main(timeout_s, page_size, pages_per_lane, policy, layers, kv_mode, prefix_lens, extend_lens, chunks, reuse,
-         seed, as_json) -> int:  # fmt: skip
-    """Run one rank; rank 0 prints the summary (or JSON) and every rank exits 0 when it is within tolerance."""
+def main(timeout_s, as_json, **flags) -> int:
+    """Run one rank; rank 0 prints the summary (or JSON) and every rank exits 0 when the run is OK."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    case = build_case(world, page_size=page_size, pages_per_lane=pages_per_lane, policy=policy, layers=layers,
-                      kv_mode=kv_mode, prefix_lens=prefix_lens, extend_lens=extend_lens, chunks=chunks,
-                      reuse=reuse, seed=seed)  # fmt: skip
+    case = build_case(world, **flags)
     t0 = time.monotonic()
     results = run_rank(rank, world, cases_target, [case], None, init_method="env://", timeout_s=timeout_s,
                        local_rank=local_rank)  # fmt: skip
     if rank != 0:
         return 0
-    result = DistCommandResult.from_case(
-        results[0], kv_mode, case.model.kv_row_width, layers, time.monotonic() - t0
-    )
+    result = DistCommandResult.from_case(results[0], case.model, time.monotonic() - t0)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
     return 0 if result.ok else 1
 

@@ -8,33 +8,67 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 
 import click
 
-from ..config import OWNER_POLICIES, CPConfig, check_int
-from .case import CaseResult, DistCase
-from .model import KV_MODES, TinyDecoderConfig
+from ..config import OWNER_POLICIES, CPConfig, check_int, per_lane_ints
+from ..errors import ConfigError, LaneExhausted
+from .case import DistCase
+from .model import ATTENTIONS, KV_MODES, TinyDecoderConfig
+from .summary import TOLERANCE, DistCommandResult
 from .workload import make_workload
 
-TOLERANCE = 1e-5
-"""Max abs error (float32) of the CP forward against the single-process reference."""
+__all__ = [
+    "TOLERANCE",
+    "DistCommandResult",
+    "build_case",
+    "run_dist_cli",
+    "run_dist_command",
+    "run_dist_options",
+]
 
 DEFAULT_PREFIX_LENS = (0, 100)
 DEFAULT_EXTEND_LENS = (300, 50)
+DEFAULT_PAGE_SIZE = 64
+"""Tokens per page, as ``cpkv plan`` and ``cpkv simulate`` use."""
+
+
+def parse_pages_per_lane(ctx, param, value: str | None) -> int | tuple[int, ...] | None:
+    """``--pages-per-lane``: ``"10"`` (every lane) or ``"9,10,10,10"`` (one per lane); None stays None.
+
+    Raises:
+        click.BadParameter: a part that is not an integer (exit 2, one line).
+    """
+    if value is None:
+        return None
+    try:
+        parts = [int(v) for v in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an int or a comma-separated list of ints") from None
+    return parts[0] if len(parts) == 1 else tuple(parts)
 
 
 def run_dist_options(f):
     """Click options shared by ``cpkv run-dist`` and ``python -m cpkv.executor`` (all but ``--cp-size``)."""
     options = [
-        click.option("--page-size", type=int, default=16, show_default=True, help="Tokens per KV page (P)."),
-        click.option("--pages-per-lane", type=int, default=None,
-                     help="Pages per lane (Q); default: enough for every request on one lane."),
+        click.option("--page-size", type=int, default=DEFAULT_PAGE_SIZE, show_default=True,
+                     help="Tokens per KV page (P); the same default as plan and simulate."),
+        click.option("--pages-per-lane", type=str, default=None, callback=parse_pages_per_lane,
+                     help="Pages per lane (Q): one int, or one per lane for ranks with unequal free memory "
+                          "(e.g. 9,10,10,10). Lane 0 loses page 0 (reserved for padding writes). Default: "
+                          "enough for every request on one lane."),
         click.option("--policy", type=click.Choice(list(OWNER_POLICIES)), default=None,
                      help="Owner policy (default: $CPKV_OWNER_POLICY, else balanced)."),
         click.option("--layers", type=int, default=2, show_default=True, help="Decoder layers of the tiny model."),
         click.option("--kv-mode", type=click.Choice(list(KV_MODES)), default="mla", show_default=True,
                      help="mla: one 576-wide latent KV row per token; mha: K and V of every head."),
+        click.option("--attention", type=click.Choice(list(ATTENTIONS)), default="dense", show_default=True,
+                     help="dense: causal MLA/MHA; nsa: DeepSeek sparse attention (lightning indexer with an "
+                          "index-K pool, top-k, sparse MLA; needs --kv-mode mla)."),
+        click.option("--index-topk", type=int, default=2048, show_default=True,
+                     help="nsa: keys each query keeps (k)."),
+        click.option("--index-heads", type=int, default=64, show_default=True,
+                     help="nsa: indexer query heads (H); q_I is [H, 128], k_I [128]."),
         click.option("--prefix-len", "prefix_lens", type=int, multiple=True,
                      help="Tokens already in the KV cache (a first forward fills them); repeat per request. "
                           f"Default {' '.join(map(str, DEFAULT_PREFIX_LENS))}."),
@@ -52,149 +86,86 @@ def run_dist_options(f):
     return f
 
 
-@dataclass(frozen=True)
-class DistCommandResult:
-    """What ``cpkv run-dist`` reports (plain data; ``to_dict`` is its JSON form).
-
-    Attributes:
-        cp_size, page_size, pages_per_lane, policy, kv_mode, kv_row_width, layers, kv_storage: the run.
-        max_abs_err: max |CP hidden - reference hidden| over every token of every forward (float32).
-        per_rank_tokens: ``[C]`` extend tokens computed per rank, over all forwards.
-        forwards: per forward: request_ids, prefix_lens, extend_lens, cache_hit_tokens, phases,
-            per_rank_tokens, max_abs_err.
-        unwritten_rows_intact: every KV row nobody wrote kept its guard bits.
-        cache_counters: prefix-cache counters. wall_s: seconds of the run (spawn included).
-    """
-
-    cp_size: int
-    page_size: int
-    pages_per_lane: int
-    policy: str
-    kv_mode: str
-    kv_row_width: int
-    layers: int
-    kv_storage: str
-    max_abs_err: float
-    per_rank_tokens: list[int]
-    forwards: list[dict]
-    unwritten_rows_intact: bool
-    cache_counters: dict
-    wall_s: float
-
-    @property
-    def ok(self) -> bool:
-        """``max_abs_err <= TOLERANCE`` and no stray KV write."""
-        return self.max_abs_err <= TOLERANCE and self.unwritten_rows_intact
-
-    @classmethod
-    def from_case(cls, result: CaseResult, kv_mode: str, kv_row_width: int, layers: int, wall_s: float):
-        """Summarise rank 0's ``CaseResult``."""
-        keys = ("request_ids", "prefix_lens", "extend_lens", "cache_hit_tokens", "phases", "per_rank_tokens",
-                "max_abs_err")  # fmt: skip
-        forwards = [{"forward": f.index, **{k: getattr(f, k) for k in keys}} for f in result.forwards]
-        return cls(
-            cp_size=result.cp_size, page_size=result.page_size, pages_per_lane=result.pages_per_lane,
-            policy=result.policy, kv_mode=kv_mode, kv_row_width=kv_row_width, layers=layers,
-            kv_storage=result.kv_storage, max_abs_err=float(result.max_abs_err or 0.0),
-            per_rank_tokens=result.per_rank_tokens, forwards=forwards,
-            unwritten_rows_intact=bool(result.unwritten_rows_intact), cache_counters=result.cache_counters,
-            wall_s=wall_s,
-        )  # fmt: skip
-
-    def to_dict(self) -> dict:
-        """JSON-ready dict of every field plus ``ok`` and ``tolerance``."""
-        return {**asdict(self), "ok": self.ok, "tolerance": TOLERANCE}
-
-    def summary(self) -> str:
-        """Human-readable report: the run, a line per forward, per-rank tokens, the max abs error."""
-        lines = [
-            f"cpkv run-dist: cp_size={self.cp_size} page_size={self.page_size} pages_per_lane={self.pages_per_lane} "
-            f"policy={self.policy} kv={self.kv_mode} (row {self.kv_row_width} floats) layers={self.layers} "
-            f"storage={self.kv_storage}",
-            f"{'fwd':>3}  {'prefix_lens':<16} {'extend_lens':<16} {'cache_hit':<16} {'phases':<10} "
-            f"{'per_rank_tokens':<20} max_abs_err",
-        ]
-        for f in self.forwards:
-            lines.append(
-                f"{f['forward']:>3}  {_ints(f['prefix_lens']):<16} {_ints(f['extend_lens']):<16} "
-                f"{_ints(f['cache_hit_tokens']):<16} {_ints(f['phases']):<10} {_ints(f['per_rank_tokens']):<20} "
-                f"{f['max_abs_err']:.2e}"
-            )
-        verdict = "OK" if self.ok else "FAIL"
-        lines += [
-            f"per-rank tokens (all forwards): {self.per_rank_tokens}",
-            f"prefix-cache hits: {self.cache_counters.get('matched_tokens', 0)} tokens",
-            f"max abs error vs single-process reference: {self.max_abs_err:.3e} (tolerance {TOLERANCE:g}) {verdict}"
-            + ("" if self.unwritten_rows_intact else "; a KV row outside the written slots changed"),
-            f"wall time: {self.wall_s:.1f} s",
-        ]
-        return "\n".join(lines)
-
-
 def build_case(
-    cp_size: int, *, page_size: int = 16, pages_per_lane: int | None = None, policy: str | None = None,
-    layers: int = 2, kv_mode: str = "mla", prefix_lens: Sequence[int] = (), extend_lens: Sequence[int] = (),
-    chunks: int = 2, reuse: bool = True, seed: int = 0,
+    cp_size: int, *, page_size: int = DEFAULT_PAGE_SIZE, pages_per_lane: int | Sequence[int] | None = None,
+    policy: str | None = None, layers: int = 2, kv_mode: str = "mla", attention: str = "dense",
+    index_topk: int = 2048, index_heads: int = 64, prefix_lens: Sequence[int] = (),
+    extend_lens: Sequence[int] = (), chunks: int = 2, reuse: bool = True, seed: int = 0,
 ) -> DistCase:  # fmt: skip
     """The ``DistCase`` the command-line flags describe (empty lengths take the defaults).
 
     Raises:
-        ConfigError / PlanError: a bad size, policy or length list (names the flag's value).
+        ConfigError / PlanError: a bad size, policy, attention or length list (names the flag's value).
     """
     prefix_lens, extend_lens = list(prefix_lens), list(extend_lens)
     if not prefix_lens and not extend_lens:
         prefix_lens, extend_lens = list(DEFAULT_PREFIX_LENS), list(DEFAULT_EXTEND_LENS)
     config = CPConfig(cp_size, page_size, policy)  # validates and resolves the policy here, once
-    model = TinyDecoderConfig(num_layers=check_int("layers", layers, 1), kv_mode=kv_mode, seed=seed)
+    if pages_per_lane is not None:
+        pages_per_lane = tuple(per_lane_ints("--pages-per-lane", pages_per_lane, cp_size, 1))
+    model = TinyDecoderConfig(num_layers=check_int("layers", layers, 1), kv_mode=kv_mode, seed=seed,
+                              attention=attention, index_topk=index_topk, index_heads=index_heads)  # fmt: skip
     workload = make_workload(prefix_lens, extend_lens, chunks=chunks, vocab_size=model.vocab_size, seed=seed,
                              reuse=reuse)  # fmt: skip
     return DistCase(workload=workload, page_size=config.page_size, pages_per_lane=pages_per_lane,
                     policy=config.owner_policy, model=model, name="cli")  # fmt: skip
 
 
-def run_dist_command(
-    *, cp_size: int, page_size: int = 16, pages_per_lane: int | None = None, policy: str | None = None,
-    layers: int = 2, kv_mode: str = "mla", prefix_lens: Sequence[int] = (), extend_lens: Sequence[int] = (),
-    chunks: int = 2, reuse: bool = True, seed: int = 0, timeout_s: float = 120.0, backend: str | None = None,
-) -> DistCommandResult:  # fmt: skip
+def run_dist_command(*, cp_size: int, timeout_s: float = 120.0, backend: str | None = None,
+                     **flags) -> DistCommandResult:  # fmt: skip
     """Spawn ``cp_size`` ranks, run the flags' case, compare with the single-process reference.
 
-    Args: as the flags of ``cpkv run-dist`` (lengths in tokens); ``timeout_s`` bounds each collective.
+    Args: ``cp_size`` (C); ``flags``: the keyword arguments of ``build_case`` (the flags of
+    ``cpkv run-dist``, lengths in tokens); ``timeout_s`` bounds each collective.
 
     Returns:
         ``DistCommandResult``; print ``.summary()`` or ``.to_dict()``.
 
     Raises:
-        ConfigError / PlanError: bad flags. LaneExhausted: ``--pages-per-lane`` too small (from every rank).
+        ConfigError / PlanError: bad flags, or ``--pages-per-lane`` too small (the message names the lane,
+            its pages and, for lane 0, that page 0 is reserved).
         LaunchError: a rank did not finish in time (all ranks are stopped).
+        KeyboardInterrupt: Ctrl-C; every rank is stopped and nothing is left behind.
     """
     from .launch import run_dist
 
-    case = build_case(cp_size, page_size=page_size, pages_per_lane=pages_per_lane, policy=policy, layers=layers,
-                      kv_mode=kv_mode, prefix_lens=prefix_lens, extend_lens=extend_lens, chunks=chunks,
-                      reuse=reuse, seed=seed)  # fmt: skip
-    run = run_dist([case], cp_size, backend=backend, timeout_s=timeout_s)
-    return DistCommandResult.from_case(run.results[0], kv_mode, case.model.kv_row_width, layers, run.wall_s)
+    case = build_case(cp_size, **flags)
+    try:
+        run = run_dist([case], cp_size, backend=backend, timeout_s=timeout_s)
+    except LaneExhausted as e:
+        raise ConfigError(_explain_short_lane(e, case.resolved_pages_per_lane(cp_size))) from None
+    return DistCommandResult.from_case(run.results[0], case.model, run.wall_s)
 
 
-def _ints(values: Sequence[int]) -> str:
-    return ",".join(str(int(v)) for v in values) if values else "-"
+def _explain_short_lane(e: LaneExhausted, caps: list[int]) -> str:
+    q = caps[e.lane]
+    usable = (
+        f"{q - 1} usable: page 0 is reserved for padding writes and never handed out" if e.lane == 0 else ""
+    )
+    return f"{e}. --pages-per-lane gives lane {e.lane} {q} page{'s' * (q != 1)}" + (
+        f", {usable}" if usable else ""
+    )
 
 
 @click.command("run-dist")
 @click.option("--cp-size", type=int, default=4, show_default=True,
-              help="Ranks to spawn (C): gloo on 127.0.0.1, NCCL when there is a GPU per rank.")  # fmt: skip
+              help="Ranks to spawn (C), one local process each: gloo on 127.0.0.1, NCCL when there is a GPU "
+                   "per rank. 4, not simulate's 8: every rank is a real process that imports torch on this "
+                   "machine.")  # fmt: skip
 @run_dist_options
-def run_dist_cli(cp_size, page_size, pages_per_lane, policy, layers, kv_mode, prefix_lens, extend_lens, chunks,
-                 reuse, seed, as_json) -> int:  # fmt: skip
+def run_dist_cli(cp_size, as_json, **flags) -> int:
     """Run CP prefill of a tiny decoder on C local processes; print max abs error vs one process.
 
     Each rank embeds and computes only the tokens it owns, writes their KV into its own lane of a shared
     paged buffer, reads every earlier position through the rank-major view, and the outputs are gathered
-    back into flat order. Exit status 1 when the error exceeds 1e-5.
+    back into flat order. With --attention nsa each rank also writes its tokens' index keys into the
+    index-K pool, materialises the indexer's logits blocks of its runs of positions and counts them
+    against mqa_logits_elements. Exit status 1 when the error exceeds 1e-5, a logits count differs from
+    the estimate, or a top-k row differs from the reference away from a near tie; 130 on Ctrl-C.
     """
-    result = run_dist_command(cp_size=cp_size, page_size=page_size, pages_per_lane=pages_per_lane, policy=policy,
-                              layers=layers, kv_mode=kv_mode, prefix_lens=prefix_lens, extend_lens=extend_lens,
-                              chunks=chunks, reuse=reuse, seed=seed)  # fmt: skip
+    try:
+        result = run_dist_command(cp_size=cp_size, **flags)
+    except KeyboardInterrupt:
+        raise click.exceptions.Abort() from None  # every rank is already stopped; `cpkv: aborted`, exit 130
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
     return 0 if result.ok else 1

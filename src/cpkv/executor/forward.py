@@ -4,12 +4,15 @@ Rank r, for one ``ForwardBatch``:
 
 1. takes its tokens, ``own = flatnonzero(token_owner == r)`` (ascending flat order; C-OWNER-EQ-COMPUTE);
 2. embeds only those tokens;
-3. per layer: computes their K/V rows and writes them into its own lane (``write_slots``), then the write
-   fence (a collective) so every rank's rows of this layer are visible; then causal attention of its
-   queries over every earlier position of the request, read from the rank-major view (``read_slots``,
-   prefix pages of any lane included), and the MLP; its hidden states stay local for the next layer;
-4. after the last layer pads its rows to ``max_rank_tokens`` and all-gathers; ``gathered[gather_index]``
-   is the batch's final hidden states in flat order (C-GATHER).
+3. per layer: computes their K/V rows (and, for ``nsa``, their index keys ``k_I``) and writes them into
+   its own lane of each pool (``write_slots``), then the write fence (a collective) so every rank's rows
+   of this layer are visible; then attention of its queries over every earlier position of the request,
+   read from the rank-major view (``read_slots``, prefix pages of any lane included): dense causal
+   attention, or the indexer, top-k and sparse MLA (``nsa.py``); then the MLP; its hidden states stay
+   local for the next layer;
+4. after the last layer, the gather-back (``gather_back``): pads its rows to ``max_rank_tokens``,
+   all-gathers in rank order and indexes with ``gather_index``, giving the batch's final hidden states
+   (and, for ``nsa``, every layer's top-k rows) in flat order (C-GATHER).
 
 Every step where a rank can fail ends in ``RankGroup.run`` (error agreement), so no rank is left behind
 in a collective.
@@ -22,26 +25,47 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..planner import BatchPlan
 from .errors import InjectedFault
 from .group import RankGroup
 from .kv_buffer import KVBuffer
 from .model import TinyDecoder
+from .nsa import nsa_attention, rank_runs
 from .scheduler import ForwardBatch
+
+LATENT, INDEX_K = "latent", "index_k"
+"""Pool names: the KV (MLA latent or MHA K/V) rows, and the indexer's ``k_I`` rows (``nsa`` only)."""
+
+
+def gather_back(group: RankGroup, local: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
+    """Rows of every rank back in the batch's flat order (SPEC C-GATHER); collective.
+
+    Args:
+        group: the CP group.
+        local: ``[n_r, d]`` this rank's rows (any dtype) in ascending flat token order.
+        plan: the forward's ``BatchPlan`` (``max_rank_tokens`` M, ``gather_index``).
+
+    Returns:
+        ``[N, d]``: an all-gather of the C buffers padded to M rows, concatenated in rank order, indexed
+        with ``gather_index``. (One small function, so a fused all-gather + rerange kernel can replace it.)
+    """
+    gathered = group.gather_rows(local, plan.max_rank_tokens)  # [C*M, d], rank order
+    return gathered[torch.as_tensor(plan.gather_index.copy(), device=group.device)]
 
 
 @dataclass(frozen=True)
 class WriteAudit:
     """What one rank's write of one layer changed in the whole KV buffer (``audit_writes`` mode).
 
-    Ranks write one after another; each compares the bits of every row of every layer before and after
-    its own write. Direct write holds when ``rows_outside_lane == rows_unexpected == rows_misread == 0``:
-    the rank changed only rows of its own lane, only the rows of its own tokens, and each of those reads
-    back through ``read_slots`` as written; every other row, guard rows of other lanes included, kept its
-    bits. (``rows_changed`` can be below ``rows_written`` when a recycled page already held the same rows,
+    Ranks write one after another; each compares the bits of every row of every layer of a pool before
+    and after its own write (one audit per pool). Direct write holds when
+    ``rows_outside_lane == rows_unexpected == rows_misread == 0``: the rank changed only rows of its own
+    lane, only the rows of its own tokens, and each of those reads back through ``read_slots`` as
+    written; every other row, guard rows of other lanes included, kept its bits. (``rows_changed`` can be below ``rows_written`` when a recycled page already held the same rows,
     e.g. a request repeating another's tokens at the same positions.)
 
     Attributes:
-        forward, layer, rank: where.
+        forward, layer, rank: where. pool: ``"latent"`` or ``"index_k"``.
         rows_written: tokens the rank wrote (its own tokens of the forward).
         rows_changed: rows, over all layers, whose bits changed during the rank's turn.
         rows_outside_lane: changed rows outside the rank's lane ``[r*Q*P, (r+1)*Q*P)`` or in another layer.
@@ -52,6 +76,7 @@ class WriteAudit:
     forward: int
     layer: int
     rank: int
+    pool: str
     rows_written: int
     rows_changed: int
     rows_outside_lane: int
@@ -67,12 +92,18 @@ class ForwardOutput:
         hidden: ``[N, hidden]`` float32 final hidden states in flat (request, position) order, the same on
             every rank (after the gather-back).
         own_tokens: extend tokens this rank computed (``per_rank_tokens[rank]``).
-        audits: ``WriteAudit`` per layer (empty unless ``audit_writes``).
+        audits: ``WriteAudit`` per layer and pool (empty unless ``audit_writes``).
+        topk: ``nsa`` only: ``[N, layers, index_topk]`` int64 selected key positions of every token, flat
+            order (gathered back like the hidden states).
+        logits_elements: ``nsa`` only: ``[C, layers]`` int64 logits elements each rank materialised in each
+            layer (counted on the tensors; C-ESTIMATE says it equals ``mqa_logits_elements``).
     """
 
     hidden: torch.Tensor
     own_tokens: int
     audits: tuple[WriteAudit, ...]
+    topk: torch.Tensor | None = None
+    logits_elements: np.ndarray | None = None
 
 
 class CPExecutor:
@@ -82,15 +113,19 @@ class CPExecutor:
         group: this rank's ``RankGroup``.
         model: the ``TinyDecoder`` (same seed on every rank).
         kv: the group's ``KVBuffer`` (layers = ``model.config.num_layers``).
+        index_kv: the index-K pool (``nsa`` models; rows ``index_head_dim`` wide, same layout as ``kv``).
         audit_writes: debug: ranks write in turn and record ``WriteAudit`` (C barriers per layer).
         fault_rank: debug: this rank raises ``InjectedFault`` in layer 0's attention of every forward.
     """
 
     def __init__(
-        self, group: RankGroup, model: TinyDecoder, kv: KVBuffer, *, audit_writes: bool = False,
-        fault_rank: int | None = None,
+        self, group: RankGroup, model: TinyDecoder, kv: KVBuffer, *, index_kv: KVBuffer | None = None,
+        audit_writes: bool = False, fault_rank: int | None = None,
     ) -> None:  # fmt: skip
+        if model.config.nsa and index_kv is None:
+            raise ValueError("an nsa model needs the index-K pool (index_kv)")
         self.group, self.model, self.kv = group, model, kv
+        self.pools = {LATENT: kv} if index_kv is None else {LATENT: kv, INDEX_K: index_kv}
         self.audit_writes = audit_writes
         self.fault_rank = fault_rank
 
@@ -105,35 +140,69 @@ class CPExecutor:
             Any error of any rank, re-raised on every rank (``RankGroup.agree``).
         """
         g, plan, f = self.group, batch.alloc.plan, batch.index
+        nsa = self.model.config.nsa
         own = np.flatnonzero(plan.token_owner == g.rank)  # [n_r] ascending flat token indices
         idx = torch.from_numpy(own).to(g.device)
         loc, pos, req = batch.out_cache_loc[idx], batch.positions[idx], batch.token_req[own]
+        runs = g.run(f"forward {f}: position runs", rank_runs, plan, g.rank, own) if nsa else None
         h = g.run(f"forward {f}: embed", self.model.embed, batch.token_ids[idx])
         audits: list[WriteAudit] = []
+        topks, elements = [], []
         for layer in range(self.model.config.num_layers):
             where = f"forward {f} layer {layer}"
             if self.audit_writes:
-                x, audit = self._audited_write(where, f, layer, h, pos, loc)
-                audits.append(audit)
+                x, layer_audits = self._audited_write(where, f, layer, h, pos, loc)
+                audits.extend(layer_audits)
             else:
                 x = g.run(f"{where}: K/V write (write fence)", self._write_kv, layer, h, pos, loc)
-            self.kv.publish(g, layer)
-            h = g.run(f"{where}: attention + MLP", self._attend_mlp, layer, h, x, pos, req, batch)
+            for pool in self.pools.values():
+                pool.publish(g, layer)
+            if nsa:
+                h, topk, n = g.run(f"{where}: sparse attention + MLP", self._sparse_mlp, layer, h, x, pos,
+                                   runs, batch)  # fmt: skip
+                topks.append(topk)
+                elements.append(n)
+            else:
+                h = g.run(f"{where}: attention + MLP", self._attend_mlp, layer, h, x, pos, req, batch)
         out = g.run(f"forward {f}: final norm", self.model.final_norm, h)
-        gathered = g.gather_rows(out, plan.max_rank_tokens)  # [C*M, hidden], rank order
-        hidden = gathered[torch.as_tensor(plan.gather_index.copy(), device=g.device)]  # C-GATHER
-        return ForwardOutput(hidden=hidden, own_tokens=int(own.shape[0]), audits=tuple(audits))
+        hidden = gather_back(g, out, plan)
+        if not nsa:
+            return ForwardOutput(hidden=hidden, own_tokens=int(own.shape[0]), audits=tuple(audits))
+        topk = gather_back(g, torch.stack(topks, 1).flatten(1), plan).view(hidden.shape[0], len(topks), -1)
+        counts = g.gather_rows(torch.tensor([elements], dtype=torch.int64, device=g.device), 1)  # [C, layers]
+        return ForwardOutput(hidden=hidden, own_tokens=int(own.shape[0]), audits=tuple(audits), topk=topk,
+                             logits_elements=counts.cpu().numpy())  # fmt: skip
 
     # ---------------------------------------------------------------------------------------- steps
     def _write_kv(self, layer: int, h: torch.Tensor, pos: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
-        """Attention input ``x`` of this rank's tokens; their K/V rows go to its own lane. Returns ``x``."""
+        """Attention input ``x`` of this rank's tokens, whose rows go to its own lane of each pool."""
         return self._write_rows(layer, h, pos, loc)[0]
 
-    def _write_rows(self, layer, h, pos, loc) -> tuple[torch.Tensor, torch.Tensor]:
+    def _write_rows(self, layer, h, pos, loc) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x = self.model.attn_input(layer, h)
-        rows = self.model.kv_rows(layer, x, pos)
-        self.kv.write(layer, loc, rows)
+        rows = {LATENT: self.model.kv_rows(layer, x, pos)}
+        if INDEX_K in self.pools:
+            rows[INDEX_K] = self.model.index_k_rows(layer, x, pos)
+        for name, r in rows.items():
+            self.pools[name].write(layer, loc, r)
         return x, rows
+
+    def _sparse_mlp(
+        self, layer, h, x, pos, runs, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Indexer, top-k and sparse MLA of this rank's queries (``nsa.py``), then the MLP.
+
+        Returns ``(h [n_r, hidden], topk [n_r, index_topk], logits elements materialised)``.
+        """
+        self._maybe_fault(layer, batch)
+        attn, topk, n = nsa_attention(self.model, layer, x, pos, runs, batch.kv_slots, self.kv,
+                                      self.pools[INDEX_K])  # fmt: skip
+        h = h + attn
+        return h + self.model.mlp(layer, h), topk, n
+
+    def _maybe_fault(self, layer: int, batch: ForwardBatch) -> None:
+        if self.fault_rank == self.group.rank and layer == 0:
+            raise InjectedFault(self.group.rank, f"forward {batch.index} layer 0 attention")
 
     def _attend_mlp(self, layer, h, x, pos, req, batch: ForwardBatch) -> torch.Tensor:
         """Causal attention of this rank's queries over the shared KV, then the MLP; ``[n_r, hidden]``.
@@ -141,8 +210,7 @@ class CPExecutor:
         A request's queries read the slots of positions ``0 .. max query position`` (prefix pages and
         this forward's pages of every lane) through ``read_slots``.
         """
-        if self.fault_rank == self.group.rank and layer == 0:
-            raise InjectedFault(self.group.rank, f"forward {batch.index} layer 0 attention")
+        self._maybe_fault(layer, batch)
         attn = torch.zeros_like(x)
         for i in np.unique(req).tolist():
             sel = torch.from_numpy(np.flatnonzero(req == i)).to(x.device)
@@ -154,35 +222,40 @@ class CPExecutor:
         h = h + attn
         return h + self.model.mlp(layer, h)
 
-    def _audited_write(self, where: str, f: int, layer: int, h, pos, loc) -> tuple[torch.Tensor, WriteAudit]:
-        """``_write_kv`` with the ranks taking turns, each diffing the whole buffer around its write."""
+    def _audited_write(
+        self, where: str, f: int, layer: int, h, pos, loc
+    ) -> tuple[torch.Tensor, list[WriteAudit]]:
+        """``_write_kv`` with the ranks taking turns, each diffing every pool around its write."""
         g = self.group
-        x, audit = None, None
+        x, audits = None, []
         for turn in range(g.world_size):
             step = f"{where}: audited K/V write, turn of rank {turn}"
             if turn == g.rank:
-                x, audit = g.run(step, self._audit_turn, f, layer, h, pos, loc)
+                x, audits = g.run(step, self._audit_turn, f, layer, h, pos, loc)
             else:
                 g.barrier_ok(step)
-        return x, audit  # type: ignore[return-value]
+        return x, audits  # type: ignore[return-value]
 
-    def _audit_turn(self, f: int, layer: int, h, pos, loc) -> tuple[torch.Tensor, WriteAudit]:
-        before = self.kv.storage.clone()
+    def _audit_turn(self, f: int, layer: int, h, pos, loc) -> tuple[torch.Tensor, list[WriteAudit]]:
+        before = {name: pool.storage.clone() for name, pool in self.pools.items()}
         x, written = self._write_rows(layer, h, pos, loc)
-        after = self.kv.storage
-        changed = (before.view(torch.int32) != after.view(torch.int32)).any(dim=-1)  # [layers, rows]
-        layers, rows = (t.cpu() for t in torch.nonzero(changed, as_tuple=True))
-        a, b = self.kv.lane_rows()
-        outside = (layers != layer) | (rows < a) | (rows >= b)
         expected = set(self.kv.layout.read_slots(loc).cpu().tolist())
-        unexpected = sum(
-            1
-            for lay, r in zip(layers.tolist(), rows.tolist(), strict=True)
-            if lay != layer or r not in expected
-        )
-        misread = int(
-            (self.kv.read(layer, loc).view(torch.int32) != written.view(torch.int32)).any(dim=-1).sum()
-        )
-        audit = WriteAudit(f, layer, self.group.rank, int(loc.shape[0]), int(rows.shape[0]), int(outside.sum()),
-                           unexpected, misread)  # fmt: skip
-        return x, audit
+        audits = []
+        for name, pool in self.pools.items():
+            changed = (before[name].view(torch.int32) != pool.storage.view(torch.int32)).any(
+                dim=-1
+            )  # [layers, rows]
+            layers, rows = (t.cpu() for t in torch.nonzero(changed, as_tuple=True))
+            a, b = pool.lane_rows()
+            outside = (layers != layer) | (rows < a) | (rows >= b)
+            unexpected = sum(
+                1
+                for lay, r in zip(layers.tolist(), rows.tolist(), strict=True)
+                if lay != layer or r not in expected
+            )
+            misread = int(
+                (pool.read(layer, loc).view(torch.int32) != written[name].view(torch.int32)).any(dim=-1).sum()
+            )
+            audits.append(WriteAudit(f, layer, self.group.rank, name, int(loc.shape[0]), int(rows.shape[0]),
+                                     int(outside.sum()), unexpected, misread))  # fmt: skip
+        return x, audits

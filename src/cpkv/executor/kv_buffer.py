@@ -11,11 +11,13 @@ Two storages:
   mapped ``MAP_SHARED`` by every rank with ``torch.from_file(..., shared=True)``. A row a rank writes is
   the row its peers read: direct write, no copy. The file is unlinked as soon as every rank has mapped it
   (the mappings stay valid), and in a ``finally`` on every error path, so nothing is left in ``/dev/shm``.
-- ``replicated`` (the GPU alternative; also runs on CPU): every rank holds the whole rank-major view in its
-  own memory and writes only its own lane; ``publish`` all-gathers the lanes in rank order into every
-  replica, which is exactly the rank-major layout. On GPUs a production engine would instead map the
-  peers' lanes directly (CUDA IPC handles or ``torch.distributed._symmetric_memory``), keeping writes
-  direct and reads remote; the replicated form trades that for running on any NCCL group.
+- ``mirrored`` (the GPU alternative; also runs on CPU): the pool is still *sharded* by owner, but every rank
+  keeps a mirror of the whole rank-major view in its own memory and writes only its own lane; ``publish``
+  all-gathers the lanes in rank order into every mirror, which is exactly the rank-major layout. On GPUs
+  a production engine would instead map the peers' lanes directly (CUDA IPC handles or
+  ``torch.distributed._symmetric_memory``), keeping writes direct and reads remote; the mirrored form
+  trades that for running on any NCCL group. (Not C-POOL's ``replicated`` pool kind, where every rank
+  holds every page and slots translate as with C = 1: a mirrored pool keeps owner lanes.)
 
 Unwritten rows hold NaN, so a read of a row nobody wrote poisons the result instead of passing unnoticed.
 """
@@ -35,7 +37,7 @@ from ..layout import SharedKVLayout
 from .errors import LaneWriteError
 from .group import RankGroup
 
-KV_STORAGES = ("shm", "replicated")
+KV_STORAGES = ("shm", "mirrored")
 FILE_PREFIX = "cpkv-kv-"
 
 
@@ -51,8 +53,8 @@ class KVBuffer:
     Attributes:
         layout: the ``SharedKVLayout`` (C, P, Q) of the pool.
         rank: this rank, i.e. the lane it may write.
-        storage: ``[num_layers, C*Q*P, row_width]`` float32, the rank-major view (shared or replicated).
-        kind: ``"shm"`` or ``"replicated"``.
+        storage: ``[num_layers, C*Q*P, row_width]`` float32, the rank-major view (shared, or this rank's mirror).
+        kind: ``"shm"`` or ``"mirrored"``.
     """
 
     def __init__(self, layout: SharedKVLayout, rank: int, storage: torch.Tensor, kind: str) -> None:
@@ -95,8 +97,8 @@ class KVBuffer:
         return self.storage[layer][self.layout.read_slots(slots)]
 
     def publish(self, group: RankGroup, layer: int) -> None:
-        """Second half of the write fence of ``layer``: no-op for ``shm``; lane all-gather for ``replicated``."""
-        if self.kind == "replicated":
+        """Second half of the write fence of ``layer``: no-op for ``shm``; lane all-gather for ``mirrored``."""
+        if self.kind == "mirrored":
             own = self.lane(layer).clone()
             dist.all_gather(list(self.storage[layer].split(self.layout.lane_slots)), own, group=group.pg)
 
@@ -110,7 +112,8 @@ def create_kv_buffer(
         group: the CP group; ``layout.cp_size`` must equal its size.
         layout: pool geometry (C, P, Q).
         num_layers, row_width: layers and floats per KV row.
-        kind: ``"shm"`` (CPU shared memory, gloo) or ``"replicated"`` (per-rank replica + all-gather).
+        kind: ``"shm"`` (CPU shared memory, gloo) or ``"mirrored"`` (a per-rank mirror of the sharded
+            view, filled by all-gather).
         tag: unique name part of this run and buffer (the shm file is ``cpkv-kv-<tag>.bin``).
 
     Returns:
@@ -123,16 +126,21 @@ def create_kv_buffer(
     check_int("num_layers", num_layers, 1)
     check_int("row_width", row_width, 1)
     if kind not in KV_STORAGES:
-        raise ConfigError(f"kv storage {kind!r} unknown; use one of {', '.join(KV_STORAGES)}")
+        hint = (
+            " ('replicated' is now 'mirrored': each rank mirrors the sharded view)"
+            if kind == "replicated"
+            else ""
+        )
+        raise ConfigError(f"kv storage {kind!r} unknown; use one of {', '.join(KV_STORAGES)}{hint}")
     if layout.cp_size != group.world_size:
         raise ConfigError(f"layout cp_size={layout.cp_size} but the group has {group.world_size} ranks")
     shape = (num_layers, layout.num_slots, row_width)
-    if kind == "replicated":
+    if kind == "mirrored":
         storage = torch.full(shape, float("nan"), dtype=torch.float32, device=group.device)
         return KVBuffer(layout, group.rank, storage, kind)
     if group.device.type != "cpu":
         raise ConfigError(
-            f"kv storage 'shm' needs CPU tensors, the group computes on {group.device}; use 'replicated'"
+            f"kv storage 'shm' needs CPU tensors, the group computes on {group.device}; use 'mirrored'"
         )
     path = shm_dir() / f"{FILE_PREFIX}{tag}.bin"
     numel = num_layers * layout.num_slots * row_width

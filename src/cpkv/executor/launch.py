@@ -21,10 +21,11 @@ import torch
 import torch.multiprocessing as mp
 
 from ..config import check_int
-from .case import CaseResult, DistCase, run_cases
+from .case import DistCase, run_cases
 from .errors import LaunchError
 from .group import DEFAULT_ADDR, RankGroup, free_port, pickle_error
 from .kv_buffer import FILE_PREFIX, shm_dir
+from .records import CaseResult
 
 T = TypeVar("T")
 

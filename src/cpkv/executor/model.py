@@ -8,6 +8,12 @@ RMSNorm, SwiGLU MLP, residual; a final RMSNorm. Two KV modes:
   query per head), so attention reads only the latent rows, as MLA decoding does.
 - ``mha``: plain multi-head attention, row ``[K (heads*head_dim, rotary applied) | V (heads*head_dim)]``.
 
+Attention is ``dense`` (causal over every earlier position) or ``nsa`` (DeepSeek-V3.2 sparse attention, MLA
+only, SPEC C-NSA): a lightning indexer (index queries ``q_I [index_heads, index_head_dim]``, one index key
+``k_I [index_head_dim]`` per token with rotary on its first ``index_rope_dim`` dims, gate weights
+``w [index_heads]``) scores every visible key, top-k keeps ``index_topk`` of them, and MLA attends only to
+those (``indexer.py`` holds the arithmetic).
+
 The layer functions are split at the points where the CP executor interleaves its KV writes and reads
 (``kv_rows`` -> write -> fence -> read -> ``attention``), so the executor and ``reference_forward`` run the
 same arithmetic; only the reference sees the whole sequence at once, with no pages, slots or plan.
@@ -21,8 +27,12 @@ import torch
 
 from ..config import check_int
 from ..errors import ConfigError
+from .indexer import index_logits, mask_causal, near_ties, select_topk, sparse_mla
 
 KV_MODES = ("mla", "mha")
+ATTENTIONS = ("dense", "nsa")
+INDEXER_SEED_OFFSET = 1_000_003
+"""The indexer's weights are drawn from ``seed + INDEXER_SEED_OFFSET`` (a generator of their own)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,9 +52,15 @@ class TinyDecoderConfig:
         rope_theta: rotary base (default 10000).
         rms_eps: RMSNorm epsilon (default 1e-6).
         seed: weight seed; the same seed gives bit-identical weights in every process (default 0).
+        attention: ``"dense"`` (default) or ``"nsa"`` (indexer + top-k + sparse MLA; needs ``kv_mode="mla"``).
+        index_heads: indexer query heads H (default 64, DeepSeek-V3.2).
+        index_head_dim: width of ``q_I`` heads and of ``k_I`` (default 128); the index-K pool row width.
+        index_rope_dim: leading dims of ``q_I`` / ``k_I`` that get rotary embedding (default 64; even).
+        index_topk: keys each query keeps, k (default 2048).
 
     Raises:
-        ConfigError: a size below 1, an odd rotary width, or an unknown ``kv_mode``.
+        ConfigError: a size below 1, an odd rotary width, an unknown ``kv_mode`` or ``attention``,
+            ``nsa`` without ``mla``, or ``index_rope_dim > index_head_dim``.
     """
 
     vocab_size: int = 512
@@ -59,14 +75,31 @@ class TinyDecoderConfig:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
     seed: int = 0
+    attention: str = "dense"
+    index_heads: int = 64
+    index_head_dim: int = 128
+    index_rope_dim: int = 64
+    index_topk: int = 2048
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "kv_lora_rank", "rope_dim",
-                     "head_dim", "mlp_size"):  # fmt: skip
+                     "head_dim", "mlp_size", "index_heads", "index_head_dim", "index_rope_dim",
+                     "index_topk"):  # fmt: skip
             check_int(name, getattr(self, name), 1)
         check_int("seed", self.seed, 0)
         if self.kv_mode not in KV_MODES:
             raise ConfigError(f"kv_mode={self.kv_mode!r} is not a KV mode; use one of {', '.join(KV_MODES)}")
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(f"attention={self.attention!r} unknown; use one of {', '.join(ATTENTIONS)}")
+        if self.attention == "nsa" and self.kv_mode != "mla":
+            raise ConfigError(
+                f"attention='nsa' is sparse MLA and needs kv_mode='mla', got kv_mode={self.kv_mode!r}"
+            )
+        if self.index_rope_dim % 2 or self.index_rope_dim > self.index_head_dim:
+            raise ConfigError(
+                f"index_rope_dim must be even and <= index_head_dim={self.index_head_dim}, "
+                f"got {self.index_rope_dim}"
+            )
         rot = self.rope_dim if self.kv_mode == "mla" else self.head_dim
         if rot % 2:
             raise ConfigError(
@@ -79,6 +112,11 @@ class TinyDecoderConfig:
         if self.kv_mode == "mla":
             return self.kv_lora_rank + self.rope_dim
         return 2 * self.num_heads * self.head_dim
+
+    @property
+    def nsa(self) -> bool:
+        """Whether the layers use sparse attention (``attention == "nsa"``)."""
+        return self.attention == "nsa"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -106,7 +144,9 @@ class TinyDecoder:
 
     Args:
         config: ``TinyDecoderConfig``; weights are drawn from ``torch.Generator().manual_seed(seed)`` on
-            the CPU, then moved, so every process and device gets the same values.
+            the CPU, then moved, so every process and device gets the same values. The indexer's weights
+            come from a second generator (``seed + INDEXER_SEED_OFFSET``), so an ``nsa`` model has exactly
+            the weights of the dense model of the same seed plus its indexer.
         device: torch device of the weights and of every result.
     """
 
@@ -114,13 +154,14 @@ class TinyDecoder:
         self.config = c = config
         self.device = torch.device(device)
         g = torch.Generator().manual_seed(c.seed)
+        g_index = torch.Generator().manual_seed(c.seed + INDEXER_SEED_OFFSET)
 
-        def w(*shape: int, fan_in: int | None = None) -> torch.Tensor:
+        def w(*shape: int, fan_in: int | None = None, gen: torch.Generator = g) -> torch.Tensor:
             fan = fan_in if fan_in is not None else shape[0]
-            return (torch.randn(*shape, generator=g, dtype=torch.float32) / fan**0.5).to(self.device)
+            return (torch.randn(*shape, generator=gen, dtype=torch.float32) / fan**0.5).to(self.device)
 
-        def norm_w(d: int) -> torch.Tensor:
-            return (1.0 + 0.1 * torch.randn(d, generator=g, dtype=torch.float32)).to(self.device)
+        def norm_w(d: int, gen: torch.Generator = g) -> torch.Tensor:
+            return (1.0 + 0.1 * torch.randn(d, generator=gen, dtype=torch.float32)).to(self.device)
 
         H, nh, hd = c.hidden_size, c.num_heads, c.head_dim
         self.embedding = w(c.vocab_size, H, fan_in=1)  # [vocab, H]
@@ -134,6 +175,10 @@ class TinyDecoder:
                          w_q_rope=w(H, nh * R), w_uv=w(nh, D, hd, fan_in=D))  # fmt: skip
             else:
                 p.update(w_q=w(H, nh * hd), w_k=w(H, nh * hd), w_v=w(H, nh * hd))
+            if c.nsa:  # from the indexer's own generator: the other weights equal the dense model's
+                IH, ID, gi = c.index_heads, c.index_head_dim, g_index
+                p.update(w_qi=w(H, IH * ID, gen=gi), w_ki=w(H, ID, gen=gi), ki_norm=norm_w(ID, gen=gi),
+                         w_gate_i=w(H, IH, gen=gi))  # fmt: skip
             self.layers.append(p)
         self.final_norm_w = norm_w(H)
 
@@ -175,11 +220,9 @@ class TinyDecoder:
         c, p = self.config, self.layers[layer]
         n, nh = x.shape[0], c.num_heads
         if c.kv_mode == "mla":
-            D, R = c.kv_lora_rank, c.rope_dim
-            q_lat = (x @ p["w_q_lat"]).view(n, nh, D)
-            q_rope = rotary((x @ p["w_q_rope"]).view(n, nh, R), positions, c.rope_theta)
-            q = torch.cat((q_lat, q_rope), dim=-1)  # [n, nh, D+R]
-            scores = torch.einsum("qhw,kw->hqk", q, rows) / (D + R) ** 0.5
+            D = c.kv_lora_rank
+            q = self.absorbed_queries(layer, x, positions)  # [n, nh, D+R]
+            scores = torch.einsum("qhw,kw->hqk", q, rows) * self.sm_scale
             probs = _causal_softmax(scores, positions, key_positions)
             out_lat = torch.einsum("hqk,kd->qhd", probs, rows[:, :D])  # [n, nh, D]
             out = torch.einsum("qhd,hde->qhe", out_lat, p["w_uv"])  # [n, nh, hd]
@@ -191,6 +234,57 @@ class TinyDecoder:
             probs = _causal_softmax(torch.einsum("qhd,khd->hqk", q, k) / hd**0.5, positions, key_positions)
             out = torch.einsum("hqk,khd->qhd", probs, v)
         return out.reshape(n, nh * c.head_dim) @ p["w_o"]
+
+    @property
+    def sm_scale(self) -> float:
+        """MLA softmax scale ``1 / sqrt(kv_lora_rank + rope_dim)``."""
+        return 1.0 / (self.config.kv_lora_rank + self.config.rope_dim) ** 0.5
+
+    def absorbed_queries(self, layer: int, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """MLA queries in absorbed form, ``[n, heads, kv_lora_rank + rope_dim]``: ``[q_lat | rope(q_rope)]``."""
+        c, p = self.config, self.layers[layer]
+        n, nh = x.shape[0], c.num_heads
+        q_lat = (x @ p["w_q_lat"]).view(n, nh, c.kv_lora_rank)
+        q_rope = rotary((x @ p["w_q_rope"]).view(n, nh, c.rope_dim), positions, c.rope_theta)
+        return torch.cat((q_lat, q_rope), dim=-1)
+
+    # --------------------------------------------------------------------------------- indexer (nsa)
+    def index_k_rows(self, layer: int, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Index keys ``k_I`` of tokens ``x [n, hidden]`` at global ``positions [n]``: ``[n, index_head_dim]``.
+
+        ``rmsnorm(x W_k)`` with rotary on the first ``index_rope_dim`` dims; the row the owner rank writes
+        into the index-K pool (SPEC C-NSA).
+        """
+        c, p = self.config, self.layers[layer]
+        k = rms_norm(x @ p["w_ki"], p["ki_norm"], c.rms_eps)
+        return _rope_leading(k, positions, c.index_rope_dim, c.rope_theta)
+
+    def index_queries(
+        self, layer: int, x: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Index queries and gate weights of tokens ``x [n, hidden]`` at ``positions [n]``.
+
+        Returns ``(q_I [n, index_heads, index_head_dim], w [n, index_heads])`` float32, rotary on the first
+        ``index_rope_dim`` dims of each head, ``w`` scaled by ``index_heads ** -0.5``.
+        """
+        c, p = self.config, self.layers[layer]
+        q = (x @ p["w_qi"]).view(x.shape[0], c.index_heads, c.index_head_dim)
+        w = (x @ p["w_gate_i"]) * c.index_heads**-0.5
+        return _rope_leading(q, positions, c.index_rope_dim, c.rope_theta), w
+
+    def sparse_attention(
+        self, layer: int, x: torch.Tensor, positions: torch.Tensor, topk: torch.Tensor, read_rows
+    ) -> torch.Tensor:
+        """Sparse MLA of queries ``x [n, hidden]`` at ``positions [n]`` over their ``topk [n, k]`` key positions.
+
+        ``read_rows`` maps ``[m]`` key positions to ``[m, kv_row_width]`` latent rows. Returns the attention
+        output after ``w_uv`` and ``w_o``, ``[n, hidden]`` (SPEC C-NSA).
+        """
+        c, p = self.config, self.layers[layer]
+        q = self.absorbed_queries(layer, x, positions)
+        out_lat = sparse_mla(q, topk, read_rows, c.kv_lora_rank, self.sm_scale)  # [n, nh, D]
+        out = torch.einsum("qhd,hde->qhe", out_lat, p["w_uv"])
+        return out.reshape(x.shape[0], c.num_heads * c.head_dim) @ p["w_o"]
 
     def mlp(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """SwiGLU MLP of ``rmsnorm(h)``, ``[n, hidden] -> [n, hidden]`` (without the residual)."""
@@ -218,14 +312,57 @@ class TinyDecoder:
         Plain causal attention over the full sequence (positions ``0..T-1``), no KV cache, no pages,
         no plan: what every CP forward of the same request must reproduce, position by position.
         """
+        return self.reference(token_ids).hidden
+
+    def reference(self, token_ids: torch.Tensor) -> Reference:
+        """``reference_forward`` plus, for ``nsa``, each layer's top-k and near-tie rows (``Reference``).
+
+        The indexer scores each query against every key of the one contiguous sequence (one ``[T, T]``
+        logits block, causally masked); the sparse attention reads the selected rows of a contiguous
+        latent tensor.
+        """
+        c = self.config
         ids = torch.as_tensor(token_ids, dtype=torch.int64, device=self.device)
         pos = torch.arange(ids.shape[0], dtype=torch.int64, device=self.device)
         h = self.embed(ids)
-        for layer in range(self.config.num_layers):
+        topks, ties = [], []
+        for layer in range(c.num_layers):
             x = self.attn_input(layer, h)
-            h = h + self.attention(layer, x, pos, self.kv_rows(layer, x, pos), pos)
+            rows = self.kv_rows(layer, x, pos)
+            if c.nsa:
+                q, w = self.index_queries(layer, x, pos)
+                logits = mask_causal(index_logits(q, w, self.index_k_rows(layer, x, pos)), pos)
+                topk = select_topk(logits, pos, c.index_topk)
+                topks.append(topk)
+                ties.append(near_ties(logits, pos, c.index_topk))
+                h = h + self.sparse_attention(layer, x, pos, topk, rows.__getitem__)
+            else:
+                h = h + self.attention(layer, x, pos, rows, pos)
             h = h + self.mlp(layer, h)
-        return self.final_norm(h)
+        if not c.nsa:
+            return Reference(self.final_norm(h), None, None)
+        return Reference(self.final_norm(h), torch.stack(topks, 1), torch.stack(ties, 1))
+
+
+@dataclass(frozen=True, eq=False)
+class Reference:
+    """Single-process reference of one sequence of T tokens.
+
+    Attributes:
+        hidden: ``[T, hidden]`` float32 final hidden states.
+        topk: ``nsa`` only: ``[T, layers, index_topk]`` int64 selected key positions (ascending, -1 padded).
+        near_tie: ``nsa`` only: ``[T, layers]`` bool, rows whose k-th and (k+1)-th logits are within 1e-6
+            relative (``indexer.near_ties``): a CP run may select differently there.
+    """
+
+    hidden: torch.Tensor
+    topk: torch.Tensor | None
+    near_tie: torch.Tensor | None
+
+
+def _rope_leading(x: torch.Tensor, positions: torch.Tensor, rope_dim: int, theta: float) -> torch.Tensor:
+    """Rotary on the first ``rope_dim`` dims of the last axis of ``x [n, ..., d]``; the rest unchanged."""
+    return torch.cat((rotary(x[..., :rope_dim], positions, theta), x[..., rope_dim:]), dim=-1)
 
 
 def _causal_softmax(scores: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ pages). ``digest()`` summarises that state; the executor's debug mode all-gather
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,7 +58,7 @@ class ReplicatedScheduler:
 
     Args:
         config: the group's ``CPConfig`` (cp_size, page_size, owner_policy).
-        pages_per_lane: Q, pages per lane.
+        pages_per_lane: pages per lane, one int Q or C ints (unequal lanes; ``OwnerLaneAllocator``).
         workload: the requests and forwards.
         prefix_cache: whether requests share pages through a ``PrefixCache`` (match on a request's
             first forward, insert after each forward).
@@ -68,8 +69,9 @@ class ReplicatedScheduler:
     """
 
     def __init__(
-        self, config: CPConfig, pages_per_lane: int, workload: Workload, *, prefix_cache: bool = True,
-        host_pages_per_lane: int = 0, backup_fn=None, restore_fn=None, device: str | torch.device = "cpu",
+        self, config: CPConfig, pages_per_lane: int | Sequence[int], workload: Workload, *,
+        prefix_cache: bool = True, host_pages_per_lane: int = 0, backup_fn=None, restore_fn=None,
+        device: str | torch.device = "cpu",
     ) -> None:  # fmt: skip
         self.config = config
         self.workload = workload

@@ -1,0 +1,175 @@
+"""What a case reports: one ``ForwardRecord`` per forward, one ``CaseResult`` per case and rank.
+
+``record_forward`` builds a forward's record on every rank; rank 0 also compares the gathered hidden
+states (and, for ``nsa``, every layer's top-k rows) with the single-process reference of each request,
+computed once per request (``TinyDecoder.reference``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..estimator import mqa_logits_elements
+from .forward import ForwardOutput, WriteAudit
+from .model import Reference, TinyDecoder
+from .scheduler import ForwardBatch, ReplicatedScheduler
+
+
+@dataclass(frozen=True, eq=False)
+class ForwardRecord:
+    """One forward as one rank saw it.
+
+    Attributes:
+        index: forward number. request_ids, prefix_lens, extend_lens: ``[B]`` lists (tokens).
+        cache_hit_tokens: ``[B]`` tokens the prefix cache supplied on a request's first forward (else 0).
+        phases: ``[B]`` owner phase of each request. head_owners: ``[B]`` lane of each request's
+            ``last_loc`` page (-1: none). per_rank_tokens: ``[C]`` extend tokens per rank.
+        max_rank_tokens: M of the gather-back. own_tokens: tokens this rank computed.
+        hidden: rank 0 only: ``[N, hidden]`` float32 gathered final hidden states, flat order.
+        max_abs_err: rank 0 only: max |hidden - reference| over the forward's tokens.
+        topk: ``nsa``, rank 0: ``[N, layers, index_topk]`` int64 gathered selected positions, flat order.
+        logits_measured: ``nsa`` only: ``[C][layers]`` logits elements each rank materialised per layer.
+        logits_estimated: ``nsa`` only: ``[C]`` ``mqa_logits_elements`` of the forward's plan.
+        topk_rows: ``nsa``, rank 0: rows compared with the reference (tokens x layers).
+        topk_mismatched: ``nsa``, rank 0: rows whose selected positions differ from the reference.
+        topk_near_tie: ``nsa``, rank 0: of those, rows where the reference's k-th and (k+1)-th logits are
+            within 1e-6 relative (allowed by C-NSA).
+    """
+
+    index: int
+    request_ids: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    cache_hit_tokens: list[int]
+    phases: list[int]
+    head_owners: list[int]
+    per_rank_tokens: list[int]
+    max_rank_tokens: int
+    own_tokens: int
+    hidden: np.ndarray | None = None
+    max_abs_err: float | None = None
+    topk: np.ndarray | None = None
+    logits_measured: list[list[int]] | None = None
+    logits_estimated: list[int] | None = None
+    topk_rows: int | None = None
+    topk_mismatched: int | None = None
+    topk_near_tie: int | None = None
+
+    @property
+    def logits_match(self) -> bool | None:
+        """``nsa``: every rank's count equals its estimate in every layer (None for dense attention)."""
+        if self.logits_measured is None or self.logits_estimated is None:
+            return None
+        return all(
+            m == est
+            for row, est in zip(self.logits_measured, self.logits_estimated, strict=True)
+            for m in row
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class CaseResult:
+    """A case's result on one rank.
+
+    Attributes:
+        name, rank, cp_size, page_size, policy, kv_storage, attention: what ran.
+        pages_per_lane: ``[C]`` pages of each lane (Q_r; the shared layout has ``max`` of them).
+        forwards: ``ForwardRecord`` per forward.
+        audits: ``WriteAudit`` per forward, layer and pool (``audit_writes`` only).
+        max_abs_err: rank 0 only: max over forwards (None elsewhere).
+        unwritten_rows_intact: rank 0 only: every row of every pool that no token and no load-back wrote
+            still holds its NaN guard bits (None elsewhere).
+        lane_pages_used: ``[C]`` highest local page index + 1 that any written slot reached on each lane
+            (<= ``pages_per_lane[r]``).
+        cache_counters: the prefix cache's counters (empty without a cache).
+        wall_s: seconds the case took on this rank.
+    """
+
+    name: str
+    rank: int
+    cp_size: int
+    page_size: int
+    pages_per_lane: list[int]
+    policy: str
+    kv_storage: str
+    attention: str
+    forwards: list[ForwardRecord]
+    audits: list[WriteAudit]
+    max_abs_err: float | None
+    unwritten_rows_intact: bool | None
+    lane_pages_used: list[int]
+    cache_counters: dict
+    wall_s: float
+
+    @property
+    def per_rank_tokens(self) -> list[int]:
+        """Extend tokens per rank summed over the forwards, ``[C]``."""
+        return np.sum([f.per_rank_tokens for f in self.forwards], axis=0, dtype=np.int64).tolist()
+
+    @property
+    def logits_match(self) -> bool | None:
+        """``nsa``: measured == estimated logits elements on every forward, rank and layer (else None)."""
+        flags = [f.logits_match for f in self.forwards]
+        return None if not flags or flags[0] is None else all(flags)
+
+    def topk_counts(self) -> tuple[int, int, int]:
+        """Rank 0, ``nsa``: ``(rows compared, rows differing, of which near ties)`` over all forwards."""
+        fs = [f for f in self.forwards if f.topk_rows is not None]
+        return (sum(f.topk_rows for f in fs), sum(f.topk_mismatched for f in fs),  # type: ignore[misc]
+                sum(f.topk_near_tie for f in fs))  # type: ignore[misc]  # fmt: skip
+
+    def hidden(self) -> np.ndarray:
+        """Rank 0: every forward's hidden states stacked in forward order, ``[sum N, hidden]``."""
+        return np.concatenate([f.hidden for f in self.forwards if f.hidden is not None])
+
+
+def record_forward(
+    batch: ForwardBatch, out: ForwardOutput, sched: ReplicatedScheduler, model: TinyDecoder,
+    reference: dict[int, Reference], rank: int,
+) -> ForwardRecord:  # fmt: skip
+    """The ``ForwardRecord`` of one forward; on rank 0 with the comparison against the reference.
+
+    ``reference`` caches each request's ``Reference`` (computed on first use, on rank 0 only).
+    """
+    plan = batch.alloc.plan
+    rids = batch.request_ids.tolist()
+    L0, E = plan.prefix_lens.tolist(), plan.extend_lens.tolist()
+    hits = [
+        sched.cache_hit_tokens[r] if L0[i] == sched.cache_hit_tokens[r] else 0 for i, r in enumerate(rids)
+    ]
+    nsa = out.logits_elements is not None
+    extra: dict = {}
+    if nsa:
+        extra["logits_measured"] = out.logits_elements.tolist()  # type: ignore[union-attr]
+        extra["logits_estimated"] = mqa_logits_elements(plan).tolist()
+    if rank == 0:
+        refs = []
+        for rid, l0, e in zip(rids, L0, E, strict=True):
+            if rid not in reference:
+                ids = torch.tensor(sched.workload.requests[rid])
+                reference[rid] = _to_cpu(model.reference(ids))
+            refs.append((reference[rid], slice(l0, l0 + e)))
+        hidden = out.hidden.detach().cpu()
+        expected = torch.cat([ref.hidden[s] for ref, s in refs])
+        extra["hidden"] = hidden.numpy()
+        extra["max_abs_err"] = float((hidden - expected).abs().max()) if expected.numel() else 0.0
+        if nsa:
+            topk = out.topk.cpu()  # type: ignore[union-attr]
+            extra["topk"] = topk.numpy()
+            differs = (topk != torch.cat([ref.topk[s] for ref, s in refs])).any(-1)  # type: ignore[index]
+            tied = torch.cat([ref.near_tie[s] for ref, s in refs])  # type: ignore[index]
+            extra.update(topk_rows=int(differs.numel()), topk_mismatched=int(differs.sum()),
+                         topk_near_tie=int((differs & tied).sum()))  # fmt: skip
+    return ForwardRecord(
+        index=batch.index, request_ids=rids, prefix_lens=L0, extend_lens=E, cache_hit_tokens=hits,
+        phases=plan.request_phases.tolist(), head_owners=plan.head_owners.tolist(),
+        per_rank_tokens=plan.per_rank_tokens.tolist(), max_rank_tokens=plan.max_rank_tokens,
+        own_tokens=out.own_tokens, **extra,
+    )  # fmt: skip
+
+
+def _to_cpu(ref: Reference) -> Reference:
+    return Reference(*(None if t is None else t.cpu() for t in (ref.hidden, ref.topk, ref.near_tie)))

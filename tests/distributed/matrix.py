@@ -1,0 +1,87 @@
+"""The case matrix that one spawned gloo group per C in {1, 2, 4} runs (``conftest.run``).
+
+Spawning and importing torch dominate the cost on a 2-core CI machine, so every distributed check that
+can share a group does: the dense matrix (page_size x policy), the NSA matrix (the same, with the
+indexer), and a few special cases. Each workload has, in one batch, a fresh request with E = 2C-1, a
+page-aligned prefix 2P, an unaligned prefix P+3 and a longer fresh request, spread over 3 chunked
+forwards, then a wave of requests that hit the prefix cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cpkv import CPConfig
+from cpkv.executor import DistCase, ReplicatedScheduler, TinyDecoderConfig, make_workload
+
+PAGE_SIZES = (1, 16, 64)
+POLICIES = ("rotation", "legacy", "balanced")
+SMALL_MLA = TinyDecoderConfig(kv_lora_rank=48, rope_dim=16, seed=3)  # 64-wide latent rows
+NSA_TOPK = 8
+# The same weights as SMALL_MLA plus a small indexer (4 heads of 32, rotary on 16 dims); k = 8 both selects
+# (rows that see more than 8 keys) and pads (the first positions of every request).
+SMALL_NSA = TinyDecoderConfig(kv_lora_rank=48, rope_dim=16, seed=3, attention="nsa", index_heads=4,
+                              index_head_dim=32, index_rope_dim=16, index_topk=NSA_TOPK)  # fmt: skip
+# DeepSeek widths: 576-wide latent rows, q_I [8, 128], k_I [128] with rotary on the first 64 dims.
+NSA_576 = TinyDecoderConfig(attention="nsa", index_heads=8, index_topk=16, seed=4)
+# k larger than every visible key: every row keeps all its keys, so sparse MLA is dense MLA.
+NSA_ALL_KEYS = TinyDecoderConfig(kv_lora_rank=48, rope_dim=16, seed=3, attention="nsa", index_heads=4,
+                                 index_head_dim=32, index_rope_dim=16, index_topk=4096)  # fmt: skip
+
+
+def workload(C: int, P: int, *, reload: bool = False):
+    """Fresh E = 2C-1; aligned L0 = 2P; unaligned L0 = P+3; L0 = 0 with E = 4P+7; 3 chunks; reuse wave."""
+    prefix = [0, 2 * P, P + 3, 0]
+    extend = [2 * C - 1, 3 * P + 5, 5, 4 * P + 7]
+    return make_workload(prefix, extend, chunks=3, seed=11 * C + P, reuse=True, reload=reload)
+
+
+def tight_lanes(C: int, P: int) -> list[int]:
+    """Per-lane capacities that the rotation run of ``workload(C, P)`` fills exactly (unequal lanes).
+
+    Replays the scheduler in this process with room to spare and takes each lane's peak of used pages
+    (+1 on lane 0 for the reserved page 0). Rotation's phases do not depend on free pages and the
+    allocator hands out the lowest free ids, so the run with these capacities makes the same choices.
+    """
+    wl = workload(C, P)
+    sched = ReplicatedScheduler(CPConfig(C, P, "rotation"), wl.total_pages(P) + 1, wl)
+    peak = np.zeros(C, dtype=np.int64)
+    for f in range(len(wl.forwards)):
+        batch = sched.schedule(f)
+        peak = np.maximum(peak, sched.allocator.used_pages_per_lane())
+        sched.finish(batch)
+    return (peak + (np.arange(C) == 0)).tolist()
+
+
+def cases_for(C: int) -> list[DistCase]:
+    """Every case one group of C ranks runs, in order (names are unique)."""
+    cases = []
+    for P in PAGE_SIZES:
+        for pol in POLICIES:
+            cases.append(DistCase(workload=workload(C, P), page_size=P, policy=pol, model=SMALL_MLA,
+                                  audit_writes=True, name=f"P{P}-{pol}"))  # fmt: skip
+            cases.append(DistCase(workload=workload(C, P), page_size=P, policy=pol, model=SMALL_NSA,
+                                  audit_writes=P == 16, name=f"nsa-P{P}-{pol}"))  # fmt: skip
+    # The 576-wide MLA default, MHA on the mirrored (GPU-style) storage, and host-tier load-back.
+    cases.append(DistCase(workload=workload(C, 16), page_size=16, name="mla576"))
+    mha = TinyDecoderConfig(kv_mode="mha", num_layers=3, seed=5)
+    cases.append(DistCase(workload=workload(C, 16), page_size=16, kv_storage="mirrored", audit_writes=True,
+                          model=mha, name="mha-mirrored"))  # fmt: skip
+    cases.append(DistCase(workload=workload(C, 16, reload=True), page_size=16, model=SMALL_MLA,
+                          host_pages_per_lane=64, audit_writes=True, name="reload"))  # fmt: skip
+    # NSA: DeepSeek widths; the index-K pages reloaded from the host tier with the latent pages; top-k
+    # larger than every visible key; lanes of unequal capacity, the tightest filled exactly.
+    cases.append(DistCase(workload=workload(C, 16), page_size=16, model=NSA_576, name="nsa576"))
+    cases.append(DistCase(workload=workload(C, 16, reload=True), page_size=16, model=SMALL_NSA,
+                          host_pages_per_lane=64, audit_writes=True, name="nsa-reload"))  # fmt: skip
+    cases.append(DistCase(workload=workload(C, 16), page_size=16, policy="rotation", model=NSA_ALL_KEYS,
+                          name="nsa-all-keys"))  # fmt: skip
+    cases.append(DistCase(workload=workload(C, 16), page_size=16, policy="rotation", model=SMALL_NSA,
+                          pages_per_lane=tight_lanes(C, 16), name="nsa-unequal-lanes"))  # fmt: skip
+    return cases
+
+
+def by_name(run, name: str):
+    """Rank 0's ``CaseResult`` of the case called ``name`` in a ``(C, DistRun)`` fixture value."""
+    _, r = run
+    return next(x for x in r.results if x.name == name)
