@@ -4,6 +4,11 @@
 waits for every rank's report with a deadline, then joins, terminates and kills stragglers, and removes
 any shared-memory file of the run. Every rank reports either its results or its (pickled) error, so the
 caller sees what each rank raised.
+
+Ctrl-C: the ranks start with SIGINT ignored (blocked while they start, so none is lost in the parent), so
+a terminal's Ctrl-C, which signals the whole foreground process group, interrupts only the parent. The
+parent then kills every rank at once (no rank prints a traceback), removes the run's shared-memory files
+and re-raises ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import os
 import pickle
 import queue as queue_mod
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -108,7 +115,7 @@ def cases_target(group: RankGroup, cases: Sequence[DistCase], tag: str | None) -
 
 def run_dist(
     cases: Sequence[DistCase], cp_size: int, *, backend: str | None = None, timeout_s: float = 60.0,
-    deadline_s: float | None = None, check: bool = True,
+    deadline_s: float | None = None, check: bool = True, threads_per_rank: int = 1,
 ) -> DistRun:  # fmt: skip
     """Spawn ``cp_size`` local ranks on 127.0.0.1 and run ``cases`` on them, in order, in one group.
 
@@ -119,6 +126,9 @@ def run_dist(
         timeout_s: limit of each collective inside the ranks, in seconds.
         deadline_s: limit for the whole run, in seconds (default ``120 + 4 * timeout_s``).
         check: raise the lowest failing rank's error (else return it in ``DistRun.outcomes``).
+        threads_per_rank: torch intra-op threads of each rank (default 1: the ranks are the parallelism;
+            measured on the shared 2-core machine, 2 threads per rank made the C=1 test group 6x slower
+            in CPU time, its OpenMP threads spinning against other jobs).
 
     Returns:
         ``DistRun``; ``.results`` is rank 0's ``CaseResult`` list.
@@ -130,7 +140,7 @@ def run_dist(
     tag = make_run_tag()
     try:
         return spawn_ranks(cases_target, cp_size, list(cases), tag, backend=backend, timeout_s=timeout_s,
-                           deadline_s=deadline_s, check=check)  # fmt: skip
+                           deadline_s=deadline_s, check=check, threads_per_rank=threads_per_rank)  # fmt: skip
     finally:
         for f in shm_dir().glob(f"{FILE_PREFIX}{tag}-*"):
             f.unlink(missing_ok=True)
@@ -138,12 +148,13 @@ def run_dist(
 
 def spawn_ranks(
     target: Callable[..., object], cp_size: int, *args, backend: str | None = None, timeout_s: float = 60.0,
-    deadline_s: float | None = None, check: bool = True,
+    deadline_s: float | None = None, check: bool = True, threads_per_rank: int = 1,
 ) -> DistRun:  # fmt: skip
     """Spawn ``cp_size`` ranks on 127.0.0.1 (free port chosen now) and run ``target(group, *args)`` on each.
 
     ``target`` must be a module-level function (the ``spawn`` start method pickles it by name). Every
     rank reports its result or its error; after the deadline every rank still running is killed.
+    ``threads_per_rank`` as for ``run_dist``.
 
     Raises:
         LaunchError: a rank did not report by the deadline (default ``120 + 4 * timeout_s`` seconds) or
@@ -155,7 +166,7 @@ def spawn_ranks(
     port = free_port()
     ctx = mp.get_context("spawn")
     reports = ctx.Queue()
-    threads = max(1, (os.cpu_count() or 1) // cp_size)
+    threads = check_int("threads_per_rank", threads_per_rank, 1)
     procs = [
         ctx.Process(
             target=_spawned_rank,
@@ -166,10 +177,12 @@ def spawn_ranks(
     ]
     t0 = time.monotonic()
     try:
-        for p in procs:
-            p.start()
+        _start_ignoring_sigint(procs)
         raw = _collect(procs, reports, t0 + deadline_s)
         wall = time.monotonic() - t0
+    except BaseException:  # Ctrl-C (KeyboardInterrupt) or an error of the parent itself: stop every rank now
+        _kill(procs)
+        raise
     finally:
         _stop(procs)
     outcomes = {}
@@ -191,6 +204,40 @@ def spawn_ranks(
     if check:
         run.raise_for_error()
     return run
+
+
+def _start_ignoring_sigint(procs) -> None:
+    """Start ``procs`` with SIGINT ignored in them; the parent keeps its own handler.
+
+    A child inherits an ignored SIGINT across exec, and Python then leaves it ignored, so no rank turns a
+    Ctrl-C into a ``KeyboardInterrupt`` (not even inside ``import torch``). SIGINT is also blocked in the
+    parent while the children start: a Ctrl-C in that window stays pending and reaches the parent's own
+    handler once it is restored. Outside the main thread (no signal handling there) the ranks just start.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        for p in procs:
+            p.start()
+        return
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            signal.signal(signal.SIGINT, old_handler)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def _kill(procs) -> None:
+    """SIGKILL every started rank that is still alive (all first, then reap), so none outlives the parent."""
+    started = [p for p in procs if p.pid is not None]
+    for p in started:
+        if p.exitcode is None:
+            p.kill()
+    for p in started:
+        p.join(timeout=5.0)
 
 
 def _spawned_rank(rank, world_size, port, backend, timeout_s, threads, reports, target, args) -> None:
