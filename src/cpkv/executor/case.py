@@ -64,13 +64,8 @@ class DistCase:
     name: str = ""
 
     def __post_init__(self) -> None:
-        if self.pages_per_lane is not None and not hasattr(self.pages_per_lane, "__index__"):
-            try:
-                object.__setattr__(
-                    self, "pages_per_lane", tuple(self.pages_per_lane)
-                )  # a list stays picklable+hashable
-            except TypeError:
-                pass  # not iterable: resolved_pages_per_lane names it
+        if isinstance(self.pages_per_lane, list):  # a tuple keeps the frozen case hashable
+            object.__setattr__(self, "pages_per_lane", tuple(self.pages_per_lane))
 
     def resolved_pages_per_lane(self, cp_size: int) -> list[int]:
         """Pages of each lane actually used, ``[C]`` (pages).

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from ..planner import BatchPlan
 from .errors import InjectedFault
 from .group import RankGroup
@@ -114,6 +115,9 @@ class CPExecutor:
         model: the ``TinyDecoder`` (same seed on every rank).
         kv: the group's ``KVBuffer`` (layers = ``model.config.num_layers``).
         index_kv: the index-K pool (``nsa`` models; rows ``index_head_dim`` wide, same layout as ``kv``).
+
+    Raises:
+        ConfigError: an ``nsa`` model without ``index_kv``.
         audit_writes: debug: ranks write in turn and record ``WriteAudit`` (C barriers per layer).
         fault_rank: debug: this rank raises ``InjectedFault`` in layer 0's attention of every forward.
     """
@@ -123,7 +127,7 @@ class CPExecutor:
         audit_writes: bool = False, fault_rank: int | None = None,
     ) -> None:  # fmt: skip
         if model.config.nsa and index_kv is None:
-            raise ValueError("an nsa model needs the index-K pool (index_kv)")
+            raise ConfigError("attention='nsa' needs the index-K pool: pass index_kv (C-NSA)")
         self.group, self.model, self.kv = group, model, kv
         self.pools = {LATENT: kv} if index_kv is None else {LATENT: kv, INDEX_K: index_kv}
         self.audit_writes = audit_writes
@@ -242,9 +246,8 @@ class CPExecutor:
         expected = set(self.kv.layout.read_slots(loc).cpu().tolist())
         audits = []
         for name, pool in self.pools.items():
-            changed = (before[name].view(torch.int32) != pool.storage.view(torch.int32)).any(
-                dim=-1
-            )  # [layers, rows]
+            # [layers, rows]: rows whose bits changed during this rank's turn
+            changed = (before[name].view(torch.int32) != pool.storage.view(torch.int32)).any(dim=-1)
             layers, rows = (t.cpu() for t in torch.nonzero(changed, as_tuple=True))
             a, b = pool.lane_rows()
             outside = (layers != layer) | (rows < a) | (rows >= b)
