@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import PlanError
-from .planner import BatchPlan
+from .planner import BatchPlan, RequestPlan
 
 
-def mqa_logits_elements(batch_plan: BatchPlan) -> np.ndarray:
+def mqa_logits_elements(plan: BatchPlan | RequestPlan) -> np.ndarray:
     """Logits elements each rank's indexer materialises for this batch (SPEC C-ESTIMATE).
 
     For every maximal contiguous run of absolute positions ``[a, b)`` of one request that a rank
@@ -20,19 +20,23 @@ def mqa_logits_elements(batch_plan: BatchPlan) -> np.ndarray:
     -> rank 0: 2*2 + 1*5 = 9, rank 1: 2*4 = 8.
 
     Args:
-        batch_plan: a ``BatchPlan`` from ``plan_batch`` / the allocator.
+        plan: a ``BatchPlan`` from ``plan_batch`` / the allocator, or a ``RequestPlan`` from ``plan_request``
+            (SPEC section 10); a request plan gives the same estimate as its batch of one.
 
     Returns:
         ``[C]`` int64 elements per rank; the admission budget uses ``max()`` times the element bytes.
 
     Raises:
-        TypeError: ``batch_plan`` is not a ``BatchPlan``.
+        TypeError: ``plan`` is neither a ``BatchPlan`` nor a ``RequestPlan``.
         PlanError: the estimate of one rank does not fit int64 (prefixes of ~1e13 tokens).
     """
-    if not isinstance(batch_plan, BatchPlan):
-        raise TypeError(f"mqa_logits_elements needs a BatchPlan, got {type(batch_plan).__name__}")
-    C = batch_plan.config.cp_size
-    owner, a, b = batch_plan.position_runs()
+    if isinstance(plan, BatchPlan):
+        C = plan.config.cp_size
+    elif isinstance(plan, RequestPlan):
+        C = plan.per_rank_tokens.shape[0]
+    else:
+        raise TypeError(f"mqa_logits_elements needs a BatchPlan or a RequestPlan, got {type(plan).__name__}")
+    owner, a, b = plan.position_runs()
     approx = np.bincount(owner, weights=(b - a).astype(np.float64) * b, minlength=C)
     if approx.size and approx.max() >= 2.0**63:
         raise PlanError(f"MQA-logits estimate overflows int64: about {approx.max():.3e} elements on one rank")

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 
 from .estimator import mqa_logits_elements
-from .planner import BatchPlan
+from .planner import BatchPlan, run_starts
 
 _LANE_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
 STRIP_MAX_PAGES = 96
@@ -25,7 +25,7 @@ def lane_strip(page_owners: np.ndarray, cp_size: int) -> str:
         return "-"
     if owners.size <= STRIP_MAX_PAGES and cp_size <= len(_LANE_CHARS):
         return "".join(_LANE_CHARS[o] for o in owners.tolist())
-    starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+    starts = run_starts(owners)
     counts = np.diff(np.r_[starts, owners.size])
     return " ".join(f"{owners[s]}x{c}" for s, c in zip(starts.tolist(), counts.tolist(), strict=True))
 

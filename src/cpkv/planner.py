@@ -44,12 +44,24 @@ def owner_lane_phase(prefix_len: int, page_size: int, req_index: int, cp_size: i
 
 
 def _check_len(name: str, value: object) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise PlanError(f"{name} must be an integer, got {value!r}")
+    _check_scalar(name, value)
     value = int(value)  # type: ignore[call-overload]
     if value < 0:
         raise PlanError(f"{name}={value} must be >= 0")
     return value
+
+
+def _check_scalar(name: str, value: object, *, optional: bool = False) -> None:
+    """PlanError naming ``name`` unless ``value`` is an integer (Python, numpy or 0-d tensor; not a bool),
+    or None when ``optional``."""
+    if optional and value is None:
+        return
+    if _is_bool(value) or not hasattr(value, "__index__"):
+        raise PlanError(f"{name} must be an integer{' or None' * optional}, got {value!r}")
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, (bool, np.bool_)) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,6 +101,27 @@ class RequestPlan:
     def num_new_pages(self) -> int:
         """New pages the request needs (m), in pages."""
         return int(self.page_owners.shape[0])
+
+    def position_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Maximal runs of absolute positions computed by one rank: ``(owner, a, b)``, int64 ``[R]`` each,
+        run j covering positions ``[a_j, b_j)`` (prefix included in the numbering), as
+        ``BatchPlan.position_runs`` for a batch of this one request. O(E).
+
+        Example C=2, P=1, L0=0, E=5 (owners 0,0,1,1,0): owner [0, 1, 0], a [0, 2, 4], b [2, 4, 5].
+        """
+        starts = run_starts(self.token_owner)
+        ends = np.append(starts[1:], self.token_owner.shape[0])
+        return self.token_owner[starts], self.prefix_len + starts, self.prefix_len + ends
+
+
+def run_starts(values: np.ndarray) -> np.ndarray:
+    """``[R]`` int64 indices where a run of equal values starts in the 1-D ``values`` (empty -> empty).
+
+    Example [3, 3, 1, 1, 1, 3] -> [0, 2, 5].
+    """
+    if values.shape[0] == 0:
+        return np.zeros(0, dtype=_I64)
+    return np.flatnonzero(np.r_[True, values[1:] != values[:-1]]).astype(_I64, copy=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -211,10 +244,16 @@ def plan_request(
         A ``RequestPlan``; e.g. C=4, P=64, L0=0, E=1000: page_owners ``[0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0]``.
 
     Raises:
-        PlanError: negative lengths or index, phase or head owner out of range (message names the value).
+        PlanError: a non-integer argument (a bool, a float; the message names ``prefix_len``, ``extend_len``,
+            ``head_owner`` or ``phase``), negative lengths or index, phase or head owner out of range
+            (message names the value).
         UnsupportedPagePlan: head tokens to compute but no head owner.
     """
     req_index = _check_len("req_index", req_index)
+    _check_scalar("prefix_len", prefix_len)
+    _check_scalar("extend_len", extend_len)
+    _check_scalar("head_owner", head_owner, optional=True)
+    _check_scalar("phase", phase, optional=True)
     phases = None if phase is None else [phase]
     plan = _plan(
         [prefix_len], [extend_len], config, head_owners=[head_owner], phases=phases, first_index=req_index
@@ -245,16 +284,24 @@ def plan_batch(
 
     Raises:
         PlanError: mismatched lengths, negative lengths, out-of-range head owner or phase; the message
-            names the request index and the value.
+            names the request index and the value. Also non-integer entries (a bool, a float), a tensor
+            without data (``meta`` device) or of a dtype numpy cannot hold, naming the argument.
         UnsupportedPagePlan: a request with head tokens and no head owner (C-HEAD).
     """
     return _plan(prefix_lens, extend_lens, config, head_owners=head_owners, phases=phases, first_index=0)
 
 
 def _as_int_array(name: str, values: object, n: int | None) -> np.ndarray:
-    """``values`` as a 1-D int64 numpy array of length ``n`` (when given), or PlanError."""
+    """``values`` as a 1-D int64 numpy array of length ``n`` (when given), or PlanError.
+
+    Accepts a list or tuple of ints (bools are refused, though numpy would take them as 0 and 1), an
+    integer numpy array or a tensor on any device that holds data (a ``meta`` tensor holds none).
+    """
     if hasattr(values, "detach"):  # torch tensor
-        values = values.detach().cpu().numpy()
+        values = _tensor_values(name, values)
+    elif isinstance(values, (list, tuple)) and any(_is_bool(v) for v in values):
+        i = next(i for i, v in enumerate(values) if _is_bool(v))
+        raise PlanError(f"{name}[{i}] is a bool ({bool(values[i])}), not an integer")
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise PlanError(f"{name} must be 1-D, got shape {arr.shape}")
@@ -268,6 +315,19 @@ def _as_int_array(name: str, values: object, n: int | None) -> np.ndarray:
     if n is not None and arr.shape[0] != n:
         raise PlanError(f"{name} has {arr.shape[0]} entries but prefix_lens has {n}")
     return arr.astype(_I64, copy=False)
+
+
+def _tensor_values(name: str, tensor) -> np.ndarray:
+    """A tensor's values as numpy, or PlanError naming ``name`` (no data, or a dtype numpy lacks)."""
+    device = getattr(tensor, "device", None)
+    if getattr(device, "type", None) == "meta":
+        raise PlanError(f"{name} is a tensor on device meta, which holds no values; pass a CPU tensor, array or list")
+    try:
+        return tensor.detach().cpu().numpy()
+    except TypeError:  # e.g. bfloat16: numpy has no such dtype
+        raise PlanError(f"{name} must hold integers, got dtype {tensor.dtype}") from None
+    except (RuntimeError, NotImplementedError) as e:
+        raise PlanError(f"{name}: cannot read the tensor on device {device}: {e}") from None
 
 
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
