@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from .errors import CpkvError
+from .sim.config import SimConfig
 
 
 class InputError(CpkvError, ValueError):
@@ -25,8 +26,8 @@ def app() -> None:
 @app.command()
 @click.option("--prefix-len", type=int, multiple=True, help="Tokens already cached; repeat once per request.")
 @click.option("--extend-len", type=int, multiple=True, help="New tokens; repeat once per request.")
-@click.option("--page-size", type=int, default=64, show_default=True, help="Tokens per KV page (P).")
-@click.option("--cp-size", type=int, default=4, show_default=True, help="Ranks in the CP group (C).")
+@click.option("--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P).")
+@click.option("--cp-size", type=int, default=SimConfig.cp_size, show_default=True, help="Ranks in the CP group (C).")
 @click.option("--req-index", type=int, default=None, help="Batch position of a single request (phase input).")
 @click.option("--head-owner", type=int, multiple=True, help="Lane of each request's last_loc page (-1: none).")
 @click.option("--policy", type=click.Choice(["rotation", "legacy", "balanced"]), default=None,
@@ -35,7 +36,14 @@ def app() -> None:
               help="JSON list of {prefix_len, extend_len[, head_owner]} instead of the flags.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, policy, batch, as_json) -> None:
-    """Plan page owners for one request or a batch: phase, lane strip, per-rank tokens, MQA-logits."""
+    """Plan page owners for one request or a batch: phase, lane strip, per-rank tokens, MQA-logits.
+
+    \b
+    The "page owners" column has one character per new page: the lane
+    that owns it (0-9, then a-z). Above 96 pages, or with more than 36
+    lanes, it is run-length encoded as LANExCOUNT: "0x13 1x13 2x13" is
+    13 pages on lane 0, then 13 on lane 1, then 13 on lane 2.
+    """
     prefix_len, extend_len, head_owner = list(prefix_len), list(extend_len), list(head_owner)
     from .config import CPConfig
     from .plan_view import plan_to_dict, print_plan
@@ -45,7 +53,9 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
         if prefix_len or extend_len or head_owner:
             raise InputError("--batch cannot be combined with --prefix-len/--extend-len/--head-owner")
         prefix_len, extend_len, head_owner = read_batch_file(batch)
-    if len(prefix_len) != len(extend_len) or not extend_len:
+    if not prefix_len and not extend_len:
+        raise InputError("give at least one request (--prefix-len N --extend-len M, or --batch FILE)")
+    if len(prefix_len) != len(extend_len):
         raise InputError(f"give one --prefix-len per --extend-len (got {len(prefix_len)} and {len(extend_len)})")
     if head_owner and len(head_owner) != len(extend_len):
         raise InputError(f"give one --head-owner per request or none (got {len(head_owner)} for {len(extend_len)})")
@@ -60,6 +70,9 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
         summary["requests"][0]["req_index"] = req_index
     else:
         summary = plan_to_dict(plan_batch(prefix_len, extend_len, config, head_owners=heads))
+    flag = "head_owner" if batch is not None else "--head-owner"
+    for line in ignored_head_owners(summary["requests"], heads or [], page_size, flag):
+        click.echo(f"cpkv: warning: {line}", err=True)
     if as_json:
         dump_json(summary)
     else:
@@ -70,8 +83,8 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
 @click.option("--trace", type=click.Path(path_type=Path), default=None, help="Mooncake-format JSONL trace.")
 @click.option("--workload", type=click.Choice(["synthetic", "tiny-chunks"]), default=None,
               help="Built-in workload when no --trace is given (default: synthetic).")  # fmt: skip
-@click.option("--cp-size", type=int, default=8, show_default=True, help="Ranks in the CP group (C).")
-@click.option("--page-size", type=int, default=64, show_default=True, help="Tokens per KV page (P).")
+@click.option("--cp-size", type=int, default=SimConfig.cp_size, show_default=True, help="Ranks in the CP group (C).")
+@click.option("--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P).")
 @click.option("--pages-per-lane", type=int, default=None,
               help="Device pages per lane (default 16384; tiny-chunks: sized so the burst needs ~80% of the pool).")
 @click.option("--host-pages-per-lane", type=int, default=0, show_default=True, help="Host-tier pages per lane.")
@@ -134,6 +147,19 @@ def check_out_dir(out_dir: Path) -> None:
     blocked = [name for name in OUTPUT_FILES if (out_dir / name).is_dir()]
     if blocked:
         raise InputError(f"--out {out_dir}: {', '.join(blocked)} is a directory")
+
+
+def ignored_head_owners(requests: list[dict], heads: list[int | None], page_size: int, flag: str) -> list[str]:
+    """One line per request given a head owner that its plan ignores: it has no head tokens (C-HEAD)
+    because its prefix fills whole pages or it computes nothing. ``requests``: ``plan_to_dict`` rows."""
+    lines = []
+    for i, (r, head) in enumerate(zip(requests, heads, strict=False)):
+        if head is None or r["head_tokens"]:
+            continue
+        why = (f"prefix_len={r['prefix_len']} fills whole pages" if r["prefix_len"] % page_size == 0
+               else f"extend_len={r['extend_len']} computes no token")  # fmt: skip
+        lines.append(f"request {i}: {flag} {head} is ignored: {why} (no head tokens)")
+    return lines
 
 
 def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:

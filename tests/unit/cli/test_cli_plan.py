@@ -22,7 +22,7 @@ def test_plan_json_spec_example(capsys):
 
 
 def test_plan_req_index_and_batch_file(tmp_path, capsys):
-    assert main(["plan", "--prefix-len", "0", "--extend-len", "1000", "--req-index", "1", "--json"]) == 0
+    assert main(["plan", "--prefix-len", "0", "--extend-len", "1000", "--req-index", "1", "--cp-size", "4", "--json"]) == 0
     req = json.loads(capsys.readouterr().out)["requests"][0]
     assert (req["req_index"], req["phase"], req["per_rank_tokens"]) == (1, 1, [256, 232, 256, 256])
     f = tmp_path / "batch.json"
@@ -33,7 +33,7 @@ def test_plan_req_index_and_batch_file(tmp_path, capsys):
 
 
 def test_plan_table_shows_lane_strip(capsys):
-    assert main(["plan", "--prefix-len", "0", "--extend-len", "1000"]) == 0
+    assert main(["plan", "--prefix-len", "0", "--extend-len", "1000", "--cp-size", "4"]) == 0
     assert "0011223333221100" in capsys.readouterr().out
 
 
