@@ -1,7 +1,8 @@
 """``python -m cpkv.gov check [--root DIR] [--tests DIR] [--spec FILE] [--report]``.
 
 Prints each problem as ``path: message`` (``path:line: message`` for test files) and exits 1, or prints
-one ``OK: ...`` line and exits 0. Exit 2: usage error, or no ``gov/`` directory at or above the CWD.
+one ``OK: ...`` line and exits 0. Exit 2: usage error, or no ``gov/`` directory at or above the CWD; these
+print one ``cpkv: error: ...`` line on stderr, as the ``cpkv`` command does.
 """
 
 from __future__ import annotations
@@ -15,10 +16,19 @@ from cpkv.gov.files import find_root
 from cpkv.gov.report import report_lines
 
 
+class UsageError(Exception):
+    """A command-line usage error of ``python -m cpkv.gov``; ``main`` prints it and returns 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse without its usage banner: errors become one ``cpkv: error:`` line (via ``UsageError``)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{message} (see python -m cpkv.gov --help)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m cpkv.gov", description="Check the governance files in gov/."
-    )
+    parser = _Parser(prog="python -m cpkv.gov", description="Check the governance files in gov/.")
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="validate gov/ and the clause marks of the tests")
     check.add_argument(
@@ -40,15 +50,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0 OK, 1 problems found, 2 usage error)."""
-    args = _parser().parse_args(argv)
+    """Run the CLI; returns the exit status (0 OK, 1 problems found, 2 usage error or no gov/ directory)."""
+    try:
+        args = _parser().parse_args(argv)
+    except UsageError as e:
+        return _error(str(e))
     root = args.root if args.root is not None else find_root(Path.cwd())
     if root is None or not (root / "gov").is_dir():
-        print(f"error: no gov/ directory in {root or 'the CWD or above'}; pass --root DIR", file=sys.stderr)
-        return 2
+        return _error(f"no gov/ directory in {root or 'the CWD or above'}; pass --root DIR")
     if args.spec is not None and not (root / args.spec).is_file():
-        print(f"error: --spec {args.spec}: no such file (relative to the root {root})", file=sys.stderr)
-        return 2
+        return _error(f"--spec {args.spec}: no such file (relative to the root {root})")
     result = run_check(root, args.tests, args.spec)
     if args.report:
         print("\n".join(report_lines(result)))
@@ -56,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         print(found)
     print(result.summary())
     return 0 if result.ok else 1
+
+
+def _error(message: str) -> int:
+    print(f"cpkv: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
