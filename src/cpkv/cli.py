@@ -86,25 +86,36 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
 @click.option("--cp-size", type=int, default=SimConfig.cp_size, show_default=True, help="Ranks in the CP group (C).")
 @click.option("--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P).")
 @click.option("--pages-per-lane", type=int, default=None,
-              help="Device pages per lane (default 16384; tiny-chunks: sized so the burst needs ~80% of the pool).")
-@click.option("--host-pages-per-lane", type=int, default=0, show_default=True, help="Host-tier pages per lane.")
-@click.option("--chunk-size", type=int, default=None, help="Most tokens a request prefills per step [8192].")
-@click.option("--max-batch-tokens", type=int, default=None, help="Most prefill tokens per step [max(2 x chunk size, 16384)].")
-@click.option("--logits-budget-mb", type=float, default=0.0, show_default=True,
+              help=f"Device pages per lane (default {SimConfig.pages_per_lane}; tiny-chunks: sized so the burst "
+                   "needs ~80% of the pool).")  # fmt: skip
+@click.option("--host-pages-per-lane", type=int, default=SimConfig.host_pages_per_lane, show_default=True,
+              help="Host-tier pages per lane.")  # fmt: skip
+@click.option("--chunk-size", type=int, default=None,
+              help=f"Most tokens a request prefills per step [{SimConfig.chunk_size}].")  # fmt: skip
+@click.option("--max-batch-tokens", type=int, default=None,
+              help=f"Most prefill tokens per step [max(2 x chunk size, {SimConfig.max_batch_tokens})].")  # fmt: skip
+@click.option("--logits-budget-mb", type=float, default=SimConfig.logits_budget_mb, show_default=True,
               help="MQA-logits buffer budget per rank in MiB (0: off).")  # fmt: skip
 @click.option("--colocated-decode", is_flag=True, help="Keep pages for output_length decode steps.")
 @click.option("--policy", "policies", multiple=True, default=["all"], show_default=True,
               type=click.Choice(["rotation", "legacy", "balanced", "all"]), help="Owner policy; repeatable.")
 @click.option("--max-requests", type=int, default=None, help="Replay only the first N requests.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the built-in workloads.")
+@click.option("--seed", type=int, default=SimConfig.seed, show_default=True, help="Seed of the built-in workloads.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("out/simulate"),
               show_default=True, help="Directory for report.json, summary.csv, lanes.png.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per_lane, chunk_size,
              max_batch_tokens, logits_budget_mb, colocated_decode, policies, max_requests, seed, out_dir,
              no_progress) -> None:  # fmt: skip
-    """Replay traffic through one CP prefill group under each owner policy; write a side-by-side report."""
-    from .sim.config import SimConfig, check_policies
+    """Replay traffic through one CP prefill group under each owner policy; write a side-by-side report.
+
+    The output directory is created and probed before the replay, the report is rewritten after each
+    policy (report.json "status": "incomplete" until the last) and every file is replaced atomically.
+    Ctrl-C writes the finished policies ("status": "interrupted") and exits 130; a file that still cannot
+    be written at the end is named on one line after the table (exit 2).
+    """
+    from .sim.config import check_policies
+    from .sim.runner import SimulationInterrupted
     from .sim.runner import simulate as run_simulation
     from .sim.workload import build_workload
 
@@ -118,8 +129,23 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
         host_pages_per_lane=host_pages_per_lane, chunk_size=chunk_size, max_batch_tokens=max_batch_tokens,
         logits_budget_mb=logits_budget_mb, colocated_decode=colocated_decode, seed=seed,
     )  # fmt: skip
-    result = run_simulation(config, spec, check_policies(list(policies)), out_dir=out_dir, progress=not no_progress)
+    try:
+        result = run_simulation(config, spec, check_policies(list(policies)), out_dir=out_dir, progress=not no_progress)
+    except SimulationInterrupted as e:
+        click.echo(f"cpkv: {interrupted_line(e, out_dir)}", err=True)
+        raise click.exceptions.Abort() from None
     click.echo(f"wrote {', '.join(str(p) for p in result.paths)}")
+
+
+def interrupted_line(e, out_dir: Path) -> str:
+    """What a Ctrl-C during ``simulate`` kept, in one line (``e``: ``SimulationInterrupted``)."""
+    done = [r.policy for r in e.result.results]
+    if not done:
+        return "interrupted before any policy finished; nothing was written"
+    head = f"interrupted after {', '.join(done)} ({', '.join(e.pending)} not run)"
+    if e.write_error is not None:
+        return f"{head}; the table above has the finished results, but {e.write_error}"
+    return f"{head}; wrote the finished policies to {out_dir} (report.json status: interrupted)"
 
 
 def _add_run_dist() -> None:

@@ -44,6 +44,11 @@ class StepRecorder:
         return np.stack(self._work) if self._work else np.zeros((0, self.cp_size))
 
 
+BUSY_FRACTION = 0.1
+"""``lane_imbalance_mean`` counts the steps whose mean lane usage is at least this fraction of
+``pages_per_lane`` (near-empty start-up steps are left out); the lanes plot draws the same steps."""
+
+
 def lane_metrics(used: np.ndarray, pages_per_lane: int) -> dict:
     """SPEC section 11 lane metrics from ``used`` ``[steps, C]`` pages.
 
@@ -58,7 +63,7 @@ def lane_metrics(used: np.ndarray, pages_per_lane: int) -> dict:
     mean = used.mean(axis=1)
     peak_mean = float(mean.max())
     imbalance_peak = float(used.max()) / peak_mean if peak_mean > 0 else 1.0
-    busy = mean >= 0.1 * pages_per_lane
+    busy = mean >= BUSY_FRACTION * pages_per_lane
     imbalance_mean = float((used[busy].max(axis=1) / mean[busy]).mean()) if busy.any() else 1.0
     return {
         "lane_pages_peak": used.max(axis=0).astype(np.int64).tolist(),

@@ -1,7 +1,9 @@
 """Simulator outputs: ``report.json``, ``config.json``, ``summary.csv``, ``lanes.png`` and the side-by-side table.
 
-Files are written to temporary names in the output directory and renamed into place only when every
-file is complete, so a failed run never leaves a half-written report.
+Nothing is lost on a failed write: the output directory is created and probed before the replay
+(``prepare_out_dir``), every file is written to a temporary name in that directory and renamed into place
+on its own (a reader sees the old file or the new one, never half of one), and a file that cannot be
+written is named in a ``ReportWriteError`` after the others were written.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import CpkvError
+
 REPORT_FIELDS = (
     "requests_total", "requests_finished", "requests_rejected", "prefill_tokens", "cache_hit_tokens",
     "lane_pages_peak", "lane_imbalance_peak", "lane_imbalance_mean", "compute_imbalance_mean",
@@ -27,6 +31,23 @@ REPORT_FIELDS = (
 
 OUTPUT_FILES = ("report.json", "config.json", "summary.csv", "lanes.png")
 """Files ``write_outputs`` puts into the output directory."""
+
+REPORT_STATUSES = ("complete", "incomplete", "interrupted")
+"""``report.json`` ``status``: every policy ran; some still to run (written after each policy); or the run
+was interrupted (Ctrl-C) after the policies it holds (``policies_pending`` names the others)."""
+
+
+class ReportWriteError(CpkvError):
+    """An output file could not be written (``cpkv simulate`` exits 2 with this one line).
+
+    Attributes: ``path`` (the file or directory), ``reason`` (the OS error text), ``result`` (the
+    ``SimulationResult`` whose report it was, or None when the directory failed before the replay),
+    ``note`` (what was written after all, appended to the message in parentheses).
+    """
+
+    def __init__(self, path: Path, reason: str, result: object = None, note: str = "") -> None:
+        self.path, self.reason, self.result, self.note = Path(path), reason, result, note
+        super().__init__(f"cannot write {path}: {reason}" + (f" ({note})" if note else ""))
 
 
 @dataclass
@@ -40,40 +61,88 @@ class PolicyResult:
     used: np.ndarray = field(repr=False)
 
 
-def write_outputs(out_dir: Path, config: dict, results: list[PolicyResult]) -> list[Path]:
+def prepare_out_dir(out_dir: Path) -> None:
+    """Create ``out_dir`` (with parents) and probe it: write a small file there and remove it.
+
+    Run before the replay, so a directory that cannot take the report (no such parent, read-only file
+    system, no space, ``/proc``) fails in a second, not after the simulation.
+
+    Raises:
+        ReportWriteError: naming ``out_dir`` and the OS error.
+    """
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".cpkv-probe.", dir=out_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(b"cpkv probe\n")
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            os.unlink(probe)
+    except OSError as e:
+        raise ReportWriteError(out_dir, e.strerror or str(e)) from None
+
+
+def write_outputs(
+    out_dir: Path, config: dict, results: list[PolicyResult], *, pending: list[str] = (), interrupted: bool = False
+) -> list[Path]:
     """Write ``report.json``, ``config.json``, ``summary.csv`` and ``lanes.png`` into ``out_dir``.
 
-    ``report.json`` is ``{"config": {...}, "policies": {"<policy>": {metrics}}}``. Returns the paths.
-    Raises OSError when the directory cannot be written; nothing is left half-written.
+    ``report.json`` is ``{"status", "policies_pending", "config", "policies": {"<policy>": {metrics}}}``;
+    ``status`` is ``complete`` when nothing is ``pending``, else ``incomplete`` (or ``interrupted``).
+    Each file is written to a temporary name and renamed into place on its own; a file that fails does
+    not stop the others.
+
+    Returns:
+        The four paths.
+
+    Raises:
+        ReportWriteError: naming the first file that could not be written (the others were written).
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report = {"config": config, "policies": {r.policy: r.metrics for r in results}}
-    payloads = {  # keys: OUTPUT_FILES
-        "report.json": json.dumps(report, indent=2).encode(),
-        "config.json": json.dumps(config, indent=2).encode(),
-        "summary.csv": _summary_csv(results).encode(),
-        "lanes.png": _lanes_png(results, config),
+    status = "interrupted" if interrupted else "incomplete" if pending else "complete"
+    report = {"status": status, "policies_pending": list(pending), "config": config,
+              "policies": {r.policy: r.metrics for r in results}}  # fmt: skip
+    payloads = {  # keys: OUTPUT_FILES; the plot is drawn only when it is written
+        "report.json": lambda: json.dumps(report, indent=2).encode(),
+        "config.json": lambda: json.dumps(config, indent=2).encode(),
+        "summary.csv": lambda: _summary_csv(results).encode(),
+        "lanes.png": lambda: _lanes_png(results, config, status),
     }
-    blocked = [name for name in payloads if (out_dir / name).is_dir()]
-    if blocked:
-        raise IsADirectoryError(f"{out_dir}: {', '.join(blocked)} is a directory; nothing was written")
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp_paths = {}
-    try:
-        for name, data in payloads.items():  # every file complete on disk before any is replaced
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
-            tmp_paths[name] = tmp
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, 0o666 & ~umask)
-        for name, tmp in tmp_paths.items():
-            os.replace(tmp, out_dir / name)
-    finally:
-        for tmp in tmp_paths.values():
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    failed: dict[str, str] = {}
+    for name, payload in payloads.items():
+        try:
+            write_atomic(out_dir / name, payload())
+        except OSError as e:
+            failed[name] = e.strerror or str(e)
+    if failed:
+        name = next(iter(failed))
+        written = [n for n in payloads if n not in failed]
+        note = f"wrote {', '.join(written)}" if written else "no file was written"
+        raise ReportWriteError(out_dir / name, failed[name], note=note + (f"; {len(failed) - 1} more failed" * (len(failed) > 1)))
     return [out_dir / name for name in payloads]
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` atomically: a temporary file in the same directory, synced, then renamed.
+
+    The file gets the mode a new file would (``0o666`` less the umask). Raises OSError; the temporary
+    file never remains.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def _summary_csv(results: list[PolicyResult]) -> str:
@@ -86,55 +155,58 @@ def _summary_csv(results: list[PolicyResult]) -> str:
     return buf.getvalue()
 
 
-def _lanes_png(results: list[PolicyResult], config: dict) -> bytes:
-    import matplotlib
+def _lanes_png(results: list[PolicyResult], config: dict, status: str) -> bytes:
+    from .lanes_plot import lanes_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = max(len(results), 1)
-    fig, axes = plt.subplots(n, 1, figsize=(10, 2.6 * n), sharex=True, squeeze=False)
-    for ax, r in zip(axes[:, 0], results, strict=False):
-        step = max(1, r.used.shape[0] // 2000)  # at most ~2000 points per line
-        t = r.times_ms[::step] / 1000.0
-        for lane in range(r.used.shape[1]):
-            ax.plot(t, r.used[::step, lane], lw=0.9, label=f"lane {lane}")
-        ax.axhline(config.get("pages_per_lane", 0), color="k", lw=0.6, ls="--")
-        flag = "  LIVELOCK" if r.metrics.get("livelock_detected") else ""
-        ax.set_title(
-            f"{r.policy}: lane_imbalance_peak {r.metrics['lane_imbalance_peak']:.2f}{flag}", fontsize=10, loc="left"
-        )
-        ax.set_ylabel("used pages")
-    axes[-1, 0].set_xlabel("simulated time (s)")
-    axes[0, 0].legend(ncol=min(8, results[0].used.shape[1]) if results else 1, fontsize=7, loc="upper right")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return lanes_png(results, config, status)
 
 
-def format_value(value: object) -> str:
-    """Short text for one metric in the side-by-side table."""
-    if isinstance(value, float):
-        return f"{value:.4f}" if abs(value) < 10 else f"{value:,.1f}" if abs(value) < 1000 else f"{value:,.0f}"
-    if isinstance(value, list):
-        return " ".join(map(str, value))
+LANES_PER_LINE = 4
+"""``lane_pages_peak`` shows this many lanes per line of its table cell (C=8: two lines)."""
+
+
+def format_value(key: str, value: object) -> str:
+    """Text of one metric in the side-by-side table; one precision per metric, from its unit.
+
+    Ratios (``*imbalance*``) 4 decimals, ms 1 decimal, seconds (``*_s``) 2 decimals, counts with
+    thousands separators, lists of lane values ``LANES_PER_LINE`` a line in equal-width columns, bools
+    ``yes``/``no``, missing values ``-``. Example ``format_value("sim_wall_s", 14.9)`` -> ``"14.90"``.
+    """
     if value is None:
         return "-"
-    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        width = max((len(f"{v:,}") for v in value), default=1)
+        cells = [f"{v:,}".rjust(width) for v in value]
+        return "\n".join(" ".join(cells[i : i + LANES_PER_LINE]) for i in range(0, len(cells), LANES_PER_LINE))
+    if isinstance(value, float):
+        if "_ms" in key:
+            return f"{value:,.1f}"
+        if key.endswith("_s"):
+            return f"{value:,.2f}"
+        return f"{value:,.4f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def print_table(results: list[PolicyResult], title: str) -> None:
-    """Print the metrics of every policy side by side (rich table, one column per policy)."""
+    """Print the metrics of every policy side by side (rich table, one column per policy).
+
+    Metric names are never cut; ``lane_pages_peak`` is shown ``LANES_PER_LINE`` lanes a line.
+    """
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("metric")
+    table.add_column("metric", no_wrap=True, min_width=max(map(len, REPORT_FIELDS)))
     for r in results:
-        table.add_column(r.policy, justify="right", overflow="fold")
+        table.add_column(r.policy, justify="right", no_wrap=True)
+    cp_size = len(results[0].metrics.get("lane_pages_peak") or []) if results else 0
     for key in REPORT_FIELDS:
-        table.add_row(key, *(format_value(r.metrics.get(key)) for r in results))
+        name = key
+        if key == "lane_pages_peak" and cp_size > LANES_PER_LINE:
+            groups = [f"{i}-{min(i + LANES_PER_LINE, cp_size) - 1}" for i in range(0, cp_size, LANES_PER_LINE)]
+            name += f"\n[dim](lanes {' / '.join(groups[:2])}{' / ...' * (len(groups) > 2)})[/dim]"
+        table.add_row(name, *(format_value(key, r.metrics.get(key)) for r in results))
     Console(width=None if os.isatty(1) else 140).print(table)

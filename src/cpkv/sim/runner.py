@@ -1,4 +1,9 @@
-"""Run a workload under several owner policies and write the report (the ``cpkv simulate`` job)."""
+"""Run a workload under several owner policies and write the report (the ``cpkv simulate`` job).
+
+Results are never lost: the output directory is probed before the first replay, the report is rewritten
+after every policy (``status: incomplete`` until the last), a Ctrl-C writes the finished policies as
+``status: interrupted``, and a write that still fails at the end comes after the table is printed.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +13,31 @@ from pathlib import Path
 
 from .config import SimConfig
 from .engine import PolicyRun
-from .report import PolicyResult, print_table, write_outputs
+from .report import PolicyResult, ReportWriteError, prepare_out_dir, print_table, write_outputs
 from .workload import WorkloadSpec, workload_stats
 
 
 @dataclass(frozen=True)
 class SimulationResult:
     """All policies of one run: ``results`` in policy order, the ``config`` dict written to the report,
-    and the output ``paths`` (empty when no ``out_dir`` was given)."""
+    and the output ``paths`` (empty when no ``out_dir`` was given or nothing could be written)."""
 
     results: tuple[PolicyResult, ...]
     config: dict
     paths: tuple[Path, ...]
+
+
+class SimulationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``simulate``: a ``KeyboardInterrupt`` that carries what was saved.
+
+    Attributes: ``result`` (``SimulationResult`` of the finished policies; ``paths`` empty when none
+    finished or the write failed), ``pending`` (policies not run), ``write_error`` (``ReportWriteError``
+    or None).
+    """
+
+    def __init__(self, result: SimulationResult, pending: list[str], write_error: ReportWriteError | None):
+        super().__init__(f"interrupted with {len(result.results)} policies finished")
+        self.result, self.pending, self.write_error = result, pending, write_error
 
 
 def simulate(
@@ -36,35 +54,70 @@ def simulate(
     Args:
         config: the group and scheduler. workload: requests (and their description).
         policies: owner policies, e.g. ``["rotation", "legacy", "balanced"]``.
-        out_dir: directory for ``report.json``, ``config.json``, ``summary.csv``, ``lanes.png``.
+        out_dir: directory for ``report.json``, ``config.json``, ``summary.csv``, ``lanes.png``; created
+            and probed before the first replay, rewritten after each policy.
         progress: show a progress bar per policy (rich). table: print the side-by-side table.
 
     Returns:
         ``SimulationResult``. A livelock is a finding in the report, never an exception.
+
+    Raises:
+        ReportWriteError: ``out_dir`` cannot be written (before any replay, ``result`` None), or an output
+            file could not be written at the end (after the table was printed; ``result`` holds the run).
+        SimulationInterrupted: Ctrl-C; the finished policies were written with ``status: interrupted``
+            and their table printed.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    policies = list(policies)
     report_config = {
         **config.to_dict(),
         "workload": workload.name,
         "workload_description": workload.description,
         "workload_stats": workload_stats(workload.requests),
-        "policies": list(policies),
+        "policies": policies,
     }
-    results = []
+    if out_dir is not None:
+        prepare_out_dir(out_dir)
+    results: list[PolicyResult] = []
     total = len(workload.requests)
-    with Progress(
-        TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        disable=not progress, transient=False,
-    ) as bar:  # fmt: skip
-        for policy in policies:
-            task = bar.add_task(policy, total=total)
-            run = PolicyRun(config, policy, workload.requests)
-            result = run.run(on_progress=lambda n, t=task: bar.update(t, completed=n))
-            bar.update(task, completed=total if not result.metrics["livelock_detected"] else None)
-            results.append(result)
-    paths = tuple(write_outputs(out_dir, report_config, results)) if out_dir is not None else ()
+    title = (f"cpkv simulate: {workload.description} | C={config.cp_size} P={config.page_size} "
+             f"Q={config.pages_per_lane}")  # fmt: skip
+    try:
+        with Progress(
+            TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            disable=not progress, transient=False,
+        ) as bar:  # fmt: skip
+            for policy in policies:
+                task = bar.add_task(policy, total=total)
+                run = PolicyRun(config, policy, workload.requests)
+                result = run.run(on_progress=lambda n, t=task: bar.update(t, completed=n))
+                bar.update(task, completed=total if not result.metrics["livelock_detected"] else None)
+                results.append(result)
+                if out_dir is not None and len(results) < len(policies):
+                    _write(out_dir, report_config, results, policies)  # a later Ctrl-C or kill keeps it
+    except KeyboardInterrupt:
+        pending = policies[len(results) :]
+        paths, error = (), None
+        if results and out_dir is not None:
+            paths, error = _write(out_dir, report_config, results, policies, interrupted=True)
+        if table and results:
+            print_table(results, f"{title} | interrupted: {', '.join(pending)} not run")
+        raise SimulationInterrupted(SimulationResult(tuple(results), report_config, paths), pending, error) from None
+    paths, error = _write(out_dir, report_config, results, policies) if out_dir is not None else ((), None)
     if table:
-        print_table(results, f"cpkv simulate: {workload.description} | C={config.cp_size} P={config.page_size} "
-                             f"Q={config.pages_per_lane}")  # fmt: skip
-    return SimulationResult(tuple(results), report_config, paths)
+        print_table(results, title)
+    outcome = SimulationResult(tuple(results), report_config, paths)
+    if error is not None:
+        note = f"{error.note}; the table above has the results" if table else error.note
+        raise ReportWriteError(error.path, error.reason, outcome, note)
+    return outcome
+
+
+def _write(out_dir, report_config, results, policies, *, interrupted=False):
+    """``(paths, None)`` after writing the report of ``results``, or ``((), ReportWriteError)``."""
+    try:
+        pending = policies[len(results) :]
+        return tuple(write_outputs(out_dir, report_config, results, pending=pending, interrupted=interrupted)), None
+    except ReportWriteError as e:
+        return (), e

@@ -1,0 +1,167 @@
+"""``lanes.png`` of ``cpkv simulate``: per policy, lane imbalance over time and each lane's peak usage.
+
+One row per policy: on the left the imbalance curve ``max_r used_r(t) / mean_r used_r(t)`` of every step
+that ``lane_imbalance_mean`` counts (docs/metrics.md), with that mean as a line; on the right the
+``lane_pages_peak`` bars against the lane capacity ``Q``. Numbers carry the table's precision (4 decimals
+for ratios); the title names the workload, C, P and Q; the legend sits below the panels.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from .metrics import BUSY_FRACTION
+
+MAX_POINTS = 1500
+"""Longer runs are drawn as ``MAX_POINTS`` time bins: the min-max band of each bin and its max as a line,
+so no spike is lost to thinning."""
+
+
+def imbalance_curve(used: np.ndarray, pages_per_lane: int) -> np.ndarray:
+    """``[steps]`` float64 ``max_r used / mean_r used`` per step; NaN where the mean lane usage is below
+    ``BUSY_FRACTION * pages_per_lane`` (the steps ``lane_imbalance_mean`` leaves out).
+
+    ``used``: int ``[steps, C]`` pages. Example Q=10, used ``[[1, 0], [4, 2]]`` -> ``[nan, 4/3]``.
+    """
+    used = np.asarray(used, dtype=np.float64)
+    if used.size == 0:
+        return np.zeros(used.shape[0])
+    mean = used.mean(axis=1)
+    busy = (mean >= BUSY_FRACTION * pages_per_lane) & (mean > 0)
+    out = np.full(used.shape[0], np.nan)
+    out[busy] = used[busy].max(axis=1) / mean[busy]
+    return out
+
+
+def binned(times: np.ndarray, values: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(t, lo, hi)``: ``values`` (NaN = gap) in ``bins`` equal runs of steps; ``t`` the last time of each
+    bin, ``lo``/``hi`` its min/max ignoring NaN (NaN when the whole bin is). Unchanged when shorter.
+
+    Example times [1, 2, 3, 4], values [1, nan, 3, 2], bins 2 -> t [2, 4], lo [1, 2], hi [1, 3].
+    """
+    n = values.shape[0]
+    if n <= bins:
+        return times, values, values
+    k = -(-n // bins)
+    pad = k * (-(-n // k)) - n
+    v = np.concatenate([values, np.full(pad, np.nan)]).reshape(-1, k)
+    t = np.concatenate([times, np.full(pad, times[-1])]).reshape(-1, k)[:, -1]
+    return t, np.fmin.reduce(v, axis=1), np.fmax.reduce(v, axis=1)
+
+
+def lanes_png(results: list, config: dict, status: str = "complete") -> bytes:
+    """``lanes_figure`` rendered as PNG bytes (110 dpi)."""
+    import matplotlib.pyplot as plt
+
+    fig = lanes_figure(results, config, status)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def lanes_figure(results: list, config: dict, status: str = "complete"):
+    """The matplotlib ``Figure`` (Agg backend). ``results``: ``PolicyResult`` list; ``config``: the
+    report's config dict (``cp_size``, ``page_size``, ``pages_per_lane``, ``workload_description``,
+    ``policies``); ``status``: the report status, shown in the title unless ``complete``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    Q = int(config.get("pages_per_lane", 0))
+    n = max(len(results), 1)
+    fig = plt.figure(figsize=(12, 1.3 + 2.5 * n), layout="constrained")
+    grid = fig.add_gridspec(n, 2, width_ratios=[3, 1.3])
+    curve_axes, bar_axes = [], []
+    for i, r in enumerate(results):
+        ax = fig.add_subplot(grid[i, 0], sharex=curve_axes[0] if curve_axes else None)
+        bx = fig.add_subplot(grid[i, 1], sharey=bar_axes[0] if bar_axes else None)
+        curve_axes.append(ax)
+        bar_axes.append(bx)
+        _draw_curve(ax, r, Q)
+        _draw_bars(bx, r, Q)
+        _row_title(ax, r)
+    if curve_axes:
+        curve_axes[-1].set_xlabel("simulated time (s)")
+        bar_axes[-1].set_xlabel("lane")
+        handles, labels = _legend_entries(*curve_axes, *bar_axes)
+        fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    fig.suptitle(_title(config, results, status), fontsize=11, x=0.01, ha="left")
+    return fig
+
+
+def _title(config: dict, results: list, status: str) -> str:
+    head = f"cpkv simulate: {config.get('workload_description') or config.get('workload', '')}"
+    line = (f"C={config.get('cp_size')} ranks, P={config.get('page_size')} tokens per page, "
+            f"Q={int(config.get('pages_per_lane', 0)):,} pages per lane")  # fmt: skip
+    if status != "complete":
+        done = [r.policy for r in results]
+        pending = [p for p in config.get("policies", []) if p not in done]
+        line += f"  [{status}: {', '.join(pending) or 'some policies'} not run]"
+    return f"{head}\n{line}"
+
+
+def _row_title(ax, r) -> None:
+    m = r.metrics
+    ax.set_title(f"{r.policy}:  lane_imbalance_peak {m['lane_imbalance_peak']:.4f}   "
+                 f"lane_imbalance_mean {m['lane_imbalance_mean']:.4f}", fontsize=10, loc="left")  # fmt: skip
+    if m.get("livelock_detected"):
+        lane = (m.get("livelock") or {}).get("lane", -1)
+        where = f" (lane {lane} full)" if lane is not None and lane >= 0 else ""
+        ax.set_title(f"LIVELOCK{where}", fontsize=10, loc="right", color="tab:red", fontweight="bold")
+
+
+def _draw_curve(ax, r, Q: int) -> None:
+    ratio = imbalance_curve(r.used, Q)
+    times = np.asarray(r.times_ms, dtype=np.float64) / 1000.0
+    t, lo, hi = binned(times, ratio, MAX_POINTS)
+    share = f"{BUSY_FRACTION:g}"
+    quiet = imbalance_curve(r.used, 0)  # every step with pages in use; drawn faint where the mean is low
+    quiet[np.isfinite(ratio)] = np.nan
+    if np.isfinite(quiet).any():
+        tq, _, hq = binned(times, quiet, MAX_POINTS)
+        ax.plot(tq, hq, color="0.6", lw=0.8, zorder=2, label=f"the same, steps with mean < {share} Q (not counted)")
+    if t.shape[0] < ratio.shape[0]:
+        ax.fill_between(t, lo, hi, color="tab:blue", alpha=0.3, lw=0, zorder=2,
+                        label=f"min-max of each of {t.shape[0]} time bins")  # fmt: skip
+        label = f"max_r used / mean_r used, max of each time bin (steps with mean ≥ {share} Q)"
+    else:
+        label = f"max_r used / mean_r used per step (steps with mean ≥ {share} Q)"
+    ax.plot(t, hi, color="tab:blue", lw=1.0, zorder=3, label=label)
+    mean = r.metrics["lane_imbalance_mean"]
+    ax.axhline(mean, color="tab:orange", lw=1.0, ls="--", zorder=1,
+               label="lane_imbalance_mean (its value is in each row title)")  # fmt: skip
+    ax.axhline(1.0, color="0.5", lw=0.6, ls=":", zorder=1, label="1.0 = every lane equally used")
+    top = np.nanmax(hi) if np.isfinite(hi).any() else mean
+    span = max(top, mean) - 1.0
+    ax.set_ylim(1.0 - 0.05 * max(span, 1e-4), max(top, mean) + 0.12 * max(span, 1e-4))
+    ax.ticklabel_format(axis="y", useOffset=False)
+    ax.set_ylabel("max / mean used")
+    ax.grid(axis="y", lw=0.3, alpha=0.5)
+
+
+def _draw_bars(ax, r, Q: int) -> None:
+    peaks = np.asarray(r.metrics["lane_pages_peak"], dtype=np.int64)
+    lanes = np.arange(peaks.shape[0])
+    ax.bar(lanes, peaks, color="tab:green", width=0.75, label="lane_pages_peak (peak used pages of each lane)")
+    ax.axhline(Q, color="k", lw=0.9, ls="--", label=f"capacity Q = {Q:,} pages per lane")
+    if peaks.shape[0] <= 8:
+        for x, v in zip(lanes.tolist(), peaks.tolist(), strict=True):
+            ax.text(x, v, f"{v:,}", ha="center", va="bottom", fontsize=6.5, rotation=90 * (v >= 10_000))
+    ax.set_ylim(0, Q * 1.22 if Q else None)
+    ax.set_xticks(lanes if peaks.shape[0] <= 16 else lanes[:: -(-peaks.shape[0] // 16)])
+    ax.set_ylabel("peak used pages")
+    lo, hi = (int(peaks.min()), int(peaks.max())) if peaks.size else (0, 0)
+    ax.set_title(f"lane_pages_peak {lo:,}-{hi:,}", fontsize=10, loc="left")
+
+
+def _legend_entries(*axes) -> tuple[list, list]:
+    """Handles and labels of all ``axes``, each label once, in first-seen order."""
+    entries: dict = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, h)
+    return list(entries.values()), list(entries)
