@@ -84,6 +84,7 @@ def lanes_figure(results: list, config: dict, status: str = "complete"):
         _draw_curve(ax, r, Q)
         _draw_bars(bx, r, Q)
         _row_title(ax, r)
+    _share_comparable_ylim(curve_axes)
     if curve_axes:
         curve_axes[-1].set_xlabel("simulated time (s)")
         bar_axes[-1].set_xlabel("lane")
@@ -95,7 +96,9 @@ def lanes_figure(results: list, config: dict, status: str = "complete"):
 
 def _title(config: dict, results: list, status: str) -> str:
     head = f"cpkv simulate: {config.get('workload_description') or config.get('workload', '')}"
-    line = (f"C={config.get('cp_size')} ranks, P={config.get('page_size')} tokens per page, "
+    stats = config.get("workload_stats") or {}
+    line = (f"{stats.get('num_requests', 0):,} requests, {stats.get('prompt_tokens_total', 0) / 1e6:,.2f}M prompt "
+            f"tokens; C={config.get('cp_size')} ranks, P={config.get('page_size')} tokens per page, "
             f"Q={int(config.get('pages_per_lane', 0)):,} pages per lane")  # fmt: skip
     if status != "complete":
         done = [r.policy for r in results]
@@ -119,11 +122,10 @@ def _draw_curve(ax, r, Q: int) -> None:
     times = np.asarray(r.times_ms, dtype=np.float64) / 1000.0
     t, lo, hi = binned(times, ratio, MAX_POINTS)
     share = f"{BUSY_FRACTION:g}"
-    quiet = imbalance_curve(r.used, 0)  # every step with pages in use; drawn faint where the mean is low
-    quiet[np.isfinite(ratio)] = np.nan
-    if np.isfinite(quiet).any():
-        tq, _, hq = binned(times, quiet, MAX_POINTS)
-        ax.plot(tq, hq, color="0.6", lw=0.8, zorder=2, label=f"the same, steps with mean < {share} Q (not counted)")
+    every = imbalance_curve(r.used, 0)  # every step with pages in use, faint under the counted ones
+    if (np.isfinite(every) & ~np.isfinite(ratio)).any():
+        ta, _, ha = binned(times, every, MAX_POINTS)
+        ax.plot(ta, ha, color="0.6", lw=0.8, zorder=2, label=f"the same over all steps (mean < {share} Q: not counted)")
     if t.shape[0] < ratio.shape[0]:
         ax.fill_between(t, lo, hi, color="tab:blue", alpha=0.3, lw=0, zorder=2,
                         label=f"min-max of each of {t.shape[0]} time bins")  # fmt: skip
@@ -132,8 +134,10 @@ def _draw_curve(ax, r, Q: int) -> None:
         label = f"max_r used / mean_r used per step (steps with mean ≥ {share} Q)"
     ax.plot(t, hi, color="tab:blue", lw=1.0, zorder=3, label=label)
     mean = r.metrics["lane_imbalance_mean"]
-    ax.axhline(mean, color="tab:orange", lw=1.0, ls="--", zorder=1,
-               label="lane_imbalance_mean (its value is in each row title)")  # fmt: skip
+    counted = np.flatnonzero(np.isfinite(ratio))
+    if counted.size:  # over the steps it averages
+        ax.hlines(mean, times[counted[0]], times[counted[-1]], color="tab:orange", lw=1.2, ls="--", zorder=2.5,
+                  label="lane_imbalance_mean, over the counted steps (value in each row title)")  # fmt: skip
     ax.axhline(1.0, color="0.5", lw=0.6, ls=":", zorder=1, label="1.0 = every lane equally used")
     top = np.nanmax(hi) if np.isfinite(hi).any() else mean
     span = max(top, mean) - 1.0
@@ -143,15 +147,34 @@ def _draw_curve(ax, r, Q: int) -> None:
     ax.grid(axis="y", lw=0.3, alpha=0.5)
 
 
+SHARE_Y_WITHIN = 20.0
+"""Imbalance panels share one y range when their excesses over 1.0 differ by at most this factor, so
+near-equal policies are compared on one scale; a starving policy (legacy at 8.0) keeps its own."""
+
+
+def _share_comparable_ylim(axes: list) -> None:
+    if len(axes) < 2:
+        return
+    limits = [ax.get_ylim() for ax in axes]
+    excess = [hi - 1.0 for _, hi in limits]
+    if max(excess) <= SHARE_Y_WITHIN * min(excess):
+        shared = (min(lo for lo, _ in limits), max(hi for _, hi in limits))
+        for ax in axes:
+            ax.set_ylim(shared)
+
+
 def _draw_bars(ax, r, Q: int) -> None:
     peaks = np.asarray(r.metrics["lane_pages_peak"], dtype=np.int64)
     lanes = np.arange(peaks.shape[0])
     ax.bar(lanes, peaks, color="tab:green", width=0.75, label="lane_pages_peak (peak used pages of each lane)")
     ax.axhline(Q, color="k", lw=0.9, ls="--", label=f"capacity Q = {Q:,} pages per lane")
-    if peaks.shape[0] <= 8:
+    top = Q * 1.15 if Q else max(int(peaks.max(initial=0)), 1) * 1.15
+    if peaks.shape[0] <= 16:  # the value on each bar: inside a tall bar, above a short one
         for x, v in zip(lanes.tolist(), peaks.tolist(), strict=True):
-            ax.text(x, v, f"{v:,}", ha="center", va="bottom", fontsize=6.5, rotation=90 * (v >= 10_000))
-    ax.set_ylim(0, Q * 1.22 if Q else None)
+            inside = v > 0.3 * top
+            ax.text(x, v * 0.97 if inside else v, f" {v:,} ", ha="center", va="top" if inside else "bottom",
+                    fontsize=7, rotation=90, color="white" if inside else "black")  # fmt: skip
+    ax.set_ylim(0, top)
     ax.set_xticks(lanes if peaks.shape[0] <= 16 else lanes[:: -(-peaks.shape[0] // 16)])
     ax.set_ylabel("peak used pages")
     lo, hi = (int(peaks.min()), int(peaks.max())) if peaks.size else (0, 0)

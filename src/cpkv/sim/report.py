@@ -161,15 +161,16 @@ def _lanes_png(results: list[PolicyResult], config: dict, status: str) -> bytes:
     return lanes_png(results, config, status)
 
 
-LANES_PER_LINE = 4
-"""``lane_pages_peak`` shows this many lanes per line of its table cell (C=8: two lines)."""
+LANES_PER_LINE = (8, 4, 2, 1)
+"""``lane_pages_peak`` shows the most lanes per line of its table cell that let the table fit the console
+(C=8 at 140 columns: the tiny-chunks figures 8 a line, the trace's 16,384s 4 a line)."""
 
 
-def format_value(key: str, value: object) -> str:
+def format_value(key: str, value: object, lanes_per_line: int = 4) -> str:
     """Text of one metric in the side-by-side table; one precision per metric, from its unit.
 
     Ratios (``*imbalance*``) 4 decimals, ms 1 decimal, seconds (``*_s``) 2 decimals, counts with
-    thousands separators, lists of lane values ``LANES_PER_LINE`` a line in equal-width columns, bools
+    thousands separators, lists of lane values ``lanes_per_line`` a line in equal-width columns, bools
     ``yes``/``no``, missing values ``-``. Example ``format_value("sim_wall_s", 14.9)`` -> ``"14.90"``.
     """
     if value is None:
@@ -177,9 +178,8 @@ def format_value(key: str, value: object) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, list):
-        width = max((len(f"{v:,}") for v in value), default=1)
-        cells = [f"{v:,}".rjust(width) for v in value]
-        return "\n".join(" ".join(cells[i : i + LANES_PER_LINE]) for i in range(0, len(cells), LANES_PER_LINE))
+        cells = _lane_cells(value)
+        return "\n".join(" ".join(cells[i : i + lanes_per_line]) for i in range(0, len(cells), lanes_per_line))
     if isinstance(value, float):
         if "_ms" in key:
             return f"{value:,.1f}"
@@ -189,24 +189,38 @@ def format_value(key: str, value: object) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def print_table(results: list[PolicyResult], title: str) -> None:
+def _lane_cells(values: list) -> list[str]:
+    width = max((len(f"{v:,}") for v in values), default=1)
+    return [f"{v:,}".rjust(width) for v in values]
+
+
+def print_table(results: list[PolicyResult], title: str, width: int | None = None) -> None:
     """Print the metrics of every policy side by side (rich table, one column per policy).
 
-    Metric names are never cut; ``lane_pages_peak`` is shown ``LANES_PER_LINE`` lanes a line.
+    ``width``: console columns (default: the terminal's, 140 when stdout is not a terminal). Metric
+    names are never cut; ``lane_pages_peak`` takes the most lanes per line (``LANES_PER_LINE``) that fit.
     """
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
+    console = Console(width=width or (None if os.isatty(1) else 140))
+    name_width = max(map(len, REPORT_FIELDS))
+    peaks = [r.metrics.get("lane_pages_peak") or [] for r in results]
+    cp_size = max(map(len, peaks), default=0)
+    room = (console.width - name_width - 4) // max(len(results), 1) - 3  # padding and separators
+    cell = max((len(_lane_cells(p)[0]) for p in peaks if p), default=1) + 1
+    per_line = next((k for k in LANES_PER_LINE if k * cell - 1 <= room), 1)
+    per_line = min(per_line, max(cp_size, 1))
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("metric", no_wrap=True, min_width=max(map(len, REPORT_FIELDS)))
+    table.add_column("metric", no_wrap=True, min_width=name_width)
     for r in results:
-        table.add_column(r.policy, justify="right", no_wrap=True)
-    cp_size = len(results[0].metrics.get("lane_pages_peak") or []) if results else 0
+        table.add_column(r.policy, justify="right", overflow="fold")
     for key in REPORT_FIELDS:
         name = key
-        if key == "lane_pages_peak" and cp_size > LANES_PER_LINE:
-            groups = [f"{i}-{min(i + LANES_PER_LINE, cp_size) - 1}" for i in range(0, cp_size, LANES_PER_LINE)]
-            name += f"\n[dim](lanes {' / '.join(groups[:2])}{' / ...' * (len(groups) > 2)})[/dim]"
-        table.add_row(name, *(format_value(key, r.metrics.get(key)) for r in results))
-    Console(width=None if os.isatty(1) else 140).print(table)
+        if key == "lane_pages_peak" and cp_size > per_line:
+            groups = [f"{i}-{min(i + per_line, cp_size) - 1}" for i in range(0, cp_size, per_line)]
+            lanes = f"lanes {' / '.join(groups[:2])}{' / ...' * (len(groups) > 2)}" if per_line > 1 else "lane 0 first"
+            name += f"\n[dim]({lanes})[/dim]"
+        table.add_row(name, *(format_value(key, r.metrics.get(key), per_line) for r in results))
+    console.print(table)
