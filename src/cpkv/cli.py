@@ -129,12 +129,34 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
         host_pages_per_lane=host_pages_per_lane, chunk_size=chunk_size, max_batch_tokens=max_batch_tokens,
         logits_budget_mb=logits_budget_mb, colocated_decode=colocated_decode, seed=seed,
     )  # fmt: skip
+    hint = small_page_hint(config.page_size, config.pages_per_lane)
+    if hint:
+        click.echo(f"cpkv: note: {hint}", err=True)
     try:
         result = run_simulation(config, spec, check_policies(list(policies)), out_dir=out_dir, progress=not no_progress)
     except SimulationInterrupted as e:
         click.echo(f"cpkv: {interrupted_line(e, out_dir)}", err=True)
         raise click.exceptions.Abort() from None
     click.echo(f"wrote {', '.join(str(p) for p in result.paths)}")
+
+
+SLOW_PAGE_SIZE = 16
+"""Below this many tokens per page ``simulate`` says why the replay is slow (``small_page_hint``)."""
+
+
+def small_page_hint(page_size: int, pages_per_lane: int) -> str | None:
+    """One line for a page size that makes the replay slow, else None.
+
+    The replay's cost grows with pages, not tokens: ``--page-size 1`` handles 64x the pages of the default
+    64 and replays about 10x slower or more (measured, synthetic workload), and ``pages_per_lane`` counts
+    pages, so the same pool holds 64x fewer tokens (more eviction, which costs time too).
+    """
+    if page_size >= SLOW_PAGE_SIZE:
+        return None
+    factor = SimConfig.page_size // page_size
+    return (f"--page-size {page_size} gives {factor}x the pages of --page-size {SimConfig.page_size}: the replay runs "
+            f"several times slower (10x or more at 1), and {pages_per_lane:,} pages per lane hold only "
+            f"{pages_per_lane * page_size:,} tokens")  # fmt: skip
 
 
 def interrupted_line(e, out_dir: Path) -> str:
