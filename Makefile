@@ -10,10 +10,13 @@ TORCH_PIP_ARGS ?=
 
 .PHONY: install demo test lint clean
 
+# torch is most of the install time (minutes): its pip runs without -q so its download and install
+# progress show.
 $(BIN)/cpkv: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	@echo "Installing $(TORCH_SPEC), the longest step (a few minutes):"
+	$(BIN)/pip install --progress-bar on $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(BIN)/cpkv
 
