@@ -176,6 +176,7 @@ def _draw_bars(ax, r, Q: int) -> None:
                     fontsize=7, rotation=90, color="white" if inside else "black")  # fmt: skip
     ax.set_ylim(0, top)
     ax.set_xticks(lanes if peaks.shape[0] <= 16 else lanes[:: -(-peaks.shape[0] // 16)])
+    ax.yaxis.set_major_formatter("{x:,.0f}")
     ax.set_ylabel("peak used pages")
     lo, hi = (int(peaks.min()), int(peaks.max())) if peaks.size else (0, 0)
     ax.set_title(f"lane_pages_peak {lo:,}-{hi:,}", fontsize=10, loc="left")
