@@ -53,8 +53,7 @@ def binned(times: np.ndarray, values: np.ndarray, bins: int) -> tuple[np.ndarray
 
 def lanes_png(results: list, config: dict, status: str = "complete") -> bytes:
     """``lanes_figure`` rendered as PNG bytes (110 dpi)."""
-    import matplotlib.pyplot as plt
-
+    plt = load_matplotlib()
     fig = lanes_figure(results, config, status)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
@@ -62,14 +61,21 @@ def lanes_png(results: list, config: dict, status: str = "complete") -> bytes:
     return buf.getvalue()
 
 
-def lanes_figure(results: list, config: dict, status: str = "complete"):
-    """The matplotlib ``Figure`` (Agg backend). ``results``: ``PolicyResult`` list; ``config``: the
-    report's config dict (``cp_size``, ``page_size``, ``pages_per_lane``, ``workload_description``,
-    ``policies``); ``status``: the report status, shown in the title unless ``complete``."""
+def load_matplotlib():
+    """``matplotlib.pyplot`` on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def lanes_figure(results: list, config: dict, status: str = "complete"):
+    """The matplotlib ``Figure`` (Agg backend). ``results``: ``PolicyResult`` list; ``config``: the
+    report's config dict (``cp_size``, ``page_size``, ``pages_per_lane``, ``workload_description``,
+    ``policies``); ``status``: the report status, shown in the title unless ``complete``."""
+    plt = load_matplotlib()
 
     Q = int(config.get("pages_per_lane", 0))
     n = max(len(results), 1)

@@ -112,7 +112,12 @@ def write_outputs(
     failed: dict[str, str] = {}
     for name, payload in payloads.items():
         try:
-            write_atomic(out_dir / name, payload())
+            data = payload()
+        except Exception as e:  # e.g. the plot: one file's content failing must not cost the others
+            failed[name] = f"cannot produce it: {type(e).__name__}: {e}"
+            continue
+        try:
+            write_atomic(out_dir / name, data)
         except OSError as e:
             failed[name] = e.strerror or str(e)
     if failed:
@@ -159,6 +164,14 @@ def _lanes_png(results: list[PolicyResult], config: dict, status: str) -> bytes:
     from .lanes_plot import lanes_png
 
     return lanes_png(results, config, status)
+
+
+def load_plotting() -> None:
+    """Import matplotlib now (about a second), before the replay: a Ctrl-C that lands inside a first
+    import leaves matplotlib half-imported, and the report of the finished policies could not be drawn."""
+    from .lanes_plot import load_matplotlib
+
+    load_matplotlib()
 
 
 LANES_PER_LINE = (8, 4, 2, 1)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .config import SimConfig
 from .engine import PolicyRun
-from .report import PolicyResult, ReportWriteError, prepare_out_dir, print_table, write_outputs
+from .report import PolicyResult, ReportWriteError, load_plotting, prepare_out_dir, print_table, write_outputs
 from .workload import WorkloadSpec, workload_stats
 
 
@@ -79,6 +79,7 @@ def simulate(
     }
     if out_dir is not None:
         prepare_out_dir(out_dir)
+        load_plotting()
     results: list[PolicyResult] = []
     total = len(workload.requests)
     title = (f"cpkv simulate: {workload.description} | C={config.cp_size} P={config.page_size} "

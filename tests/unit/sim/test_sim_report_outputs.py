@@ -108,6 +108,16 @@ def test_disk_full_at_the_end_names_the_file(tmp_path, monkeypatch, capsys):
     assert not [p for p in out_dir.iterdir() if p.name.startswith(".")]  # no temporary file left
 
 
+def test_a_failing_figure_costs_no_other_file(tmp_path, monkeypatch):
+    def broken(*args):  # as after a Ctrl-C inside matplotlib's first import
+        raise AttributeError("module 'matplotlib' has no attribute 'get_data_path'")
+
+    monkeypatch.setattr(report_mod, "_lanes_png", broken)
+    with pytest.raises(ReportWriteError, match=r"lanes.png: cannot produce it: AttributeError: .* \(wrote report.json"):
+        report_mod.write_outputs(tmp_path, {"policies": []}, [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "report.json", "summary.csv"]
+
+
 def test_each_file_is_replaced_atomically(tmp_path, monkeypatch):
     target = tmp_path / "report.json"
     target.write_bytes(b"old")
@@ -195,8 +205,8 @@ def test_real_sigint_after_the_first_policy(tmp_path):
             "--out", str(out_dir)]  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-c", _CHILD, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "COLUMNS": "140"})  # fmt: skip
-    deadline = time.monotonic() + 240
-    while not (out_dir / "report.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+    deadline = time.monotonic() + 240  # lanes.png is the last file of the report written after rotation
+    while not (out_dir / "lanes.png").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=240)
