@@ -15,6 +15,7 @@ import torch
 
 from .config import CPConfig, per_lane_ints
 from .errors import AllocatorError, ConfigError, LaneExhausted, PlanError
+from .kernels import fill_out_cache_loc, use_kernels
 from .planner import (
     BatchPlan,
     _as_int_array,
@@ -59,7 +60,8 @@ class OwnerLaneAllocator:
 
     Raises:
         ConfigError: ``config`` not a ``CPConfig``; a capacity that is not an integer >= 1, or a list whose
-            length is not ``cp_size``; a ``device`` torch cannot allocate on.
+            length is not ``cp_size``; a ``device`` torch cannot allocate on; a bad ``CPKV_KERNELS``.
+        KernelVersionError: a CUDA ``device`` without a usable Triton (``CPKV_KERNELS=off`` avoids it).
     """
 
     def __init__(self, config: CPConfig, pages_per_lane: int | Sequence[int], device="cpu") -> None:
@@ -73,6 +75,7 @@ class OwnerLaneAllocator:
             torch.empty(0, dtype=torch.int64, device=self.device)
         except (RuntimeError, AssertionError) as e:
             raise ConfigError(f"device={device!r} is not usable for out_cache_loc: {e}") from None
+        self._kernels = use_kernels(self.device)  # out_cache_loc by a Triton kernel (C-KERNEL), read once
         self.lane_pages = np.asarray(caps, dtype=_I64)  # [C] Q_r, page 0 included
         self.pages_per_lane = int(self.lane_pages.max())  # Q of the shared layout
         self.num_pages = C * self.pages_per_lane
@@ -166,7 +169,10 @@ class OwnerLaneAllocator:
         runs = plan.token_runs
         seg = runs.pages > 0  # the runs of new pages (zigzag segments), in page order
         new_pages, counts = self._pick(runs.owner[seg], runs.pages[seg])
-        out = torch.from_numpy(_extend_slots(plan, last, new_pages)).to(self.device)
+        if self._kernels:  # CUDA (or Triton's interpreter): written on the device in one launch
+            out = fill_out_cache_loc(plan, last, new_pages, device=self.device)
+        else:
+            out = torch.from_numpy(_extend_slots(plan, last, new_pages)).to(self.device)
         self._commit(new_pages, counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
         new_pages.setflags(write=False)
         return ExtendAllocation(out_cache_loc=out, plan=plan, new_pages=new_pages)

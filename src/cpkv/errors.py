@@ -62,3 +62,16 @@ class LaneExhausted(CpkvError, RuntimeError):
 
     def __reduce__(self):
         return (type(self), (self.lane, self.needed, self.available))
+
+
+class KernelError(CpkvError, ValueError):
+    """Invalid input to a ``cpkv.kernels`` function (SPEC C-KERNEL): a tensor of the wrong shape, dtype or
+    device, an ``out=`` that does not fit, or arrays that do not match the batch plan. Names the value."""
+
+
+class KernelVersionError(CpkvError, RuntimeError):
+    """The kernel stack is missing or too old (SPEC C-KERNEL, ``require_kernel_version``).
+
+    One message names the Triton version found and required and cpkv's kernel ABI found and required, and
+    the way out (``pip install 'cpkv[gpu]'``, or ``CPKV_KERNELS=off`` for the numpy/torch path).
+    """
