@@ -107,3 +107,13 @@ def test_allocator_on_cuda_writes_out_cache_loc_with_the_kernel(monkeypatch, pol
     for L0, E, last in (([0, 0], [100_000, 70], [-1, -1]), ([0], [1], [-1]), ([0, 0, 0], [5, 64, 129], [-1] * 3)):
         a, b = gpu.alloc_extend(L0, E, last), ref.alloc_extend(L0, E, last)
         assert a.out_cache_loc.device.type == "cuda" and torch.equal(a.out_cache_loc, b.out_cache_loc)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_kernels_launch_on_the_tensors_device_not_the_current_one():
+    plan = plan_batch([0, 10], [300, 90], CPConfig(4, 16), head_owners=[None, 1])
+    assert torch.cuda.current_device() == 0
+    check_fill_out_cache_loc(Batch(plan, np.array([-1, 9]), np.arange(plan.page_owners.shape[0]) + 1), "cuda:1")
+    check_rerange(Batch(plan, np.array([-1, 9]), np.arange(plan.page_owners.shape[0])), 576, torch.bfloat16, "cuda:1", 3)
+    slots = torch.arange(-1, 1000, device="cuda:1")
+    assert K.read_slots(SharedKVLayout(4, 16, 16), slots).device == slots.device

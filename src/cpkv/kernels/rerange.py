@@ -16,7 +16,7 @@ import torch
 from ..errors import KernelError
 from ..planner import BatchPlan
 from .backend import kernel_backend, kernel_module
-from .tensors import bits_view, cdiv, check_out, into, new_out, require_tensor
+from .tensors import bits_view, cdiv, check_out, into, new_out, on_device, require_tensor
 
 _TILE = {"triton": 4096, "interpreter": 32768}  # elements per program (BLOCK_R rows x BLOCK_D columns);
 # the interpreter's cost is per program (milliseconds each), so it takes bigger tiles
@@ -29,8 +29,8 @@ def all_gather_rerange(gathered: torch.Tensor, plan: BatchPlan, *, out=None) -> 
     gather_index [0, 1, 3, 4, 2]): gathered rows [a, b, e, c, d, pad] -> [a, b, c, d, e].
 
     Args:
-        gathered: ``[C*M, D]`` tensor of any 1/2/4/8-byte dtype (fp32, bf16, fp16, fp8, int...), rows
-            contiguous (``stride(1) == 1``), on any device.
+        gathered: ``[C*M, D]`` tensor of any 1/2/4/8-byte dtype (fp32, bf16, fp16, fp8, int...), on any
+            device; rows with ``stride(1) == 1`` are read in place (any row stride), others copied first.
         plan: the ``BatchPlan`` of the forward (its ``token_runs``, ``gather_index``, ``max_rank_tokens``).
         out: optional contiguous ``[N, D]`` tensor of the same dtype and device to write into.
 
@@ -60,7 +60,7 @@ def all_gather_rerange_inverse(flat: torch.Tensor, plan: BatchPlan, *, out=None)
     [0, 0, 1, 1, 0]: [a, b, c, d, e] -> [a, b, e, c, d, 0].
 
     Args:
-        flat: ``[N, D]`` tensor (N = ``plan.num_tokens``), any 1/2/4/8-byte dtype, ``stride(1) == 1``.
+        flat: ``[N, D]`` tensor (N = ``plan.num_tokens``), any 1/2/4/8-byte dtype, as ``gathered`` above.
         plan: the ``BatchPlan`` of the forward.
         out: optional contiguous ``[C*M, D]`` tensor of the same dtype and device to write into.
 
@@ -114,8 +114,9 @@ def _copy_runs(backend: str, src: torch.Tensor, dst: torch.Tensor, table: np.nda
     block_d = min(1 << (width - 1).bit_length(), 128)
     block_r = _TILE[backend] // block_d
     grid = (cdiv(rows, block_r), cdiv(width, block_d))
-    kernel_module(backend == "interpreter").copy_runs_kernel[grid](
-        bits_view(src), bits_view(dst), torch.from_numpy(table).to(dst.device), rows, num_runs,
-        max(num_runs - 1, 0).bit_length(), width, src.stride(0), dst.stride(0), BLOCK_R=block_r, BLOCK_D=block_d,
-    )  # fmt: skip
+    with on_device(dst):
+        kernel_module(backend == "interpreter").copy_runs_kernel[grid](
+            bits_view(src), bits_view(dst), torch.from_numpy(table).to(dst.device), rows, num_runs,
+            max(num_runs - 1, 0).bit_length(), width, src.stride(0), dst.stride(0), BLOCK_R=block_r, BLOCK_D=block_d,
+        )  # fmt: skip
     return dst

@@ -14,7 +14,7 @@ from ..errors import KernelError
 from ..layout import SharedKVLayout
 from ..planner import BatchPlan
 from .backend import kernel_backend, kernel_module
-from .tensors import cdiv, check_out, into, new_out, require_tensor
+from .tensors import cdiv, check_out, into, new_out, on_device, require_tensor
 
 _BLOCK = 1024  # tokens or slots per Triton program
 _KIND = {"write_slots": 0, "read_slots": 1, "owned_mask": 2}
@@ -89,9 +89,10 @@ def launch_fill(backend: str, table: torch.Tensor, out: torch.Tensor, plan: Batc
     """One launch of ``fill_out_cache_loc_kernel`` writing ``out`` (int64 ``[sum E]``, ``sum E > 0``) from
     ``table`` (``fill_table``'s, on ``out``'s device); ``backend`` "triton" or "interpreter". Returns ``out``."""
     R = plan.token_runs.length.shape[0]
-    kernel_module(backend == "interpreter").fill_out_cache_loc_kernel[(cdiv(plan.num_tokens, _BLOCK),)](
-        table, out, plan.num_tokens, R, (R - 1).bit_length(), P=plan.config.page_size, BLOCK=_BLOCK
-    )
+    with on_device(out):
+        kernel_module(backend == "interpreter").fill_out_cache_loc_kernel[(cdiv(plan.num_tokens, _BLOCK),)](
+            table, out, plan.num_tokens, R, (R - 1).bit_length(), P=plan.config.page_size, BLOCK=_BLOCK
+        )
     return out
 
 
@@ -158,10 +159,11 @@ def _translate(layout: SharedKVLayout, kind: str, slots, rank: int | None, out, 
     if n == 0:
         return result
     dst = result.view(-1).view(torch.uint8) if kind == "owned_mask" else result.view(-1)
-    kernel_module(backend == "interpreter").translate_slots_kernel[(cdiv(n, _BLOCK),)](
-        slots.contiguous().view(-1), dst, n, layout.pages_per_lane, -1 if rank is None else rank,
-        C=layout.cp_size, P=layout.page_size, KIND=_KIND[kind], BLOCK=_BLOCK,
-    )  # fmt: skip
+    with on_device(dst):
+        kernel_module(backend == "interpreter").translate_slots_kernel[(cdiv(n, _BLOCK),)](
+            slots.contiguous().view(-1), dst, n, layout.pages_per_lane, -1 if rank is None else rank,
+            C=layout.cp_size, P=layout.page_size, KIND=_KIND[kind], BLOCK=_BLOCK,
+        )  # fmt: skip
     return result
 
 

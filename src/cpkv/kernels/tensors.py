@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..errors import KernelError
@@ -41,6 +43,12 @@ def into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
 def new_out(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
     """``out`` when given (already checked by ``check_out``), else a new empty tensor for the kernel to fill."""
     return out if out is not None else torch.empty(shape, dtype=dtype, device=device)
+
+
+def on_device(x: torch.Tensor):
+    """Context in which a Triton launch targets ``x``'s device: Triton launches on the current CUDA
+    device, which need not be ``x``'s (a rank's ``cuda:3`` while device 0 is current)."""
+    return torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext()
 
 
 def cdiv(a: int, b: int) -> int:
