@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..kernels import all_gather_rerange, use_kernels
 from ..planner import BatchPlan
 from .errors import InjectedFault
 from .group import RankGroup
@@ -47,11 +48,12 @@ def gather_back(group: RankGroup, local: torch.Tensor, plan: BatchPlan) -> torch
         plan: the forward's ``BatchPlan`` (``max_rank_tokens`` M, ``gather_index``).
 
     Returns:
-        ``[N, d]``: an all-gather of the C buffers padded to M rows, concatenated in rank order, indexed
-        with ``gather_index``. (One small function, so a fused all-gather + rerange kernel can replace it.)
+        ``[N, d]``: an all-gather of the C buffers padded to M rows, concatenated in rank order, put in flat
+        order by ``all_gather_rerange`` (the Triton kernel on CUDA, C-KERNEL; ``gathered[gather_index]``
+        otherwise).
     """
     gathered = group.gather_rows(local, plan.max_rank_tokens)  # [C*M, d], rank order
-    return gathered[torch.as_tensor(plan.gather_index.copy(), device=group.device)]
+    return all_gather_rerange(gathered, plan)
 
 
 @dataclass(frozen=True)
@@ -116,10 +118,12 @@ class CPExecutor:
         kv: the group's ``KVBuffer`` (layers = ``model.config.num_layers``).
         index_kv: the index-K pool (``nsa`` models; rows ``index_head_dim`` wide, same layout as ``kv``).
 
-    Raises:
-        ConfigError: an ``nsa`` model without ``index_kv``.
         audit_writes: debug: ranks write in turn and record ``WriteAudit`` (C barriers per layer).
         fault_rank: debug: this rank raises ``InjectedFault`` in layer 0's attention of every forward.
+
+    Raises:
+        ConfigError: an ``nsa`` model without ``index_kv``, or a bad ``CPKV_KERNELS``.
+        KernelVersionError: the group's device needs Triton kernels (CUDA) and the stack is missing or old.
     """
 
     def __init__(
@@ -132,6 +136,7 @@ class CPExecutor:
         self.pools = {LATENT: kv} if index_kv is None else {LATENT: kv, INDEX_K: index_kv}
         self.audit_writes = audit_writes
         self.fault_rank = fault_rank
+        use_kernels(group.device)  # start-up gate: a bad CPKV_KERNELS or a missing kernel stack fails here
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         """One CP prefill forward (collective: every rank calls it with the same ``batch``).
