@@ -1,7 +1,8 @@
 """cpkv: context-parallel prefill with an owner-lane sharded, paged KV cache.
 
 Public API (SPEC section 10): ``CPConfig``, ``owner_lane_phase``, ``plan_request``, ``plan_batch``,
-``mqa_logits_elements``, ``SharedKVLayout``, ``OwnerLaneAllocator`` and the error types.
+``mqa_logits_elements``, ``SharedKVLayout`` (sharded or replicated pools), ``OwnerLaneAllocator``,
+``rank_kv_lens`` / ``verify_rank_kv_lens`` (speculative decoding) and the error types.
 """
 
 from .allocator import ExtendAllocation, OwnerLaneAllocator
@@ -13,12 +14,14 @@ from .errors import (
     LaneExhausted,
     LayoutError,
     PlanError,
+    PoolKindError,
     PrefixCacheError,
     UnsupportedPagePlan,
 )
 from .estimator import mqa_logits_elements
 from .host_tier import HostTier
-from .layout import SharedKVLayout
+from .kv_lens import rank_kv_lens, verify_rank_kv_lens
+from .layout import POOL_KINDS, SharedKVLayout
 from .planner import BatchPlan, RequestPlan, owner_lane_phase, plan_batch, plan_request
 from .prefix_cache import CacheEntry, InsertResult, PrefixCache, PrefixMatch
 
@@ -30,6 +33,7 @@ __all__ = [
     "PrefixCacheError",
     "PrefixMatch",
     "OWNER_POLICIES",
+    "POOL_KINDS",
     "AllocatorError",
     "BatchPlan",
     "CPConfig",
@@ -40,6 +44,7 @@ __all__ = [
     "LaneExhausted",
     "LayoutError",
     "PlanError",
+    "PoolKindError",
     "RequestPlan",
     "SharedKVLayout",
     "UnsupportedPagePlan",
@@ -47,6 +52,8 @@ __all__ = [
     "owner_lane_phase",
     "plan_batch",
     "plan_request",
+    "rank_kv_lens",
+    "verify_rank_kv_lens",
 ]
 
 __version__ = "0.1.0"

@@ -1,7 +1,8 @@
 """Owner-lane paged allocator: per-lane free pages, atomic alloc_extend / alloc_decode (SPEC section 7).
 
-Implements C-ALLOC, C-ATOMIC, C-FAIL-FAST and the ``balanced`` policy of C-BALANCED. Pure CPU state
-(numpy); only ``out_cache_loc`` is a torch tensor, on the allocator's device.
+Implements C-ALLOC, C-ATOMIC, C-FAIL-FAST, the ``balanced`` policy of C-BALANCED, speculative draft
+pages and their rollback (C-DRAFT) and the pool kinds (C-POOL). Pure CPU state (numpy); only
+``out_cache_loc`` is a torch tensor, on the allocator's device.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from .config import CPConfig, per_lane_ints
 from .errors import AllocatorError, ConfigError, LaneExhausted, PlanError
 from .kernels import fill_out_cache_loc, use_kernels
+from .layout import check_pool_kind
 from .planner import (
     BatchPlan,
     _as_int_array,
@@ -52,21 +54,38 @@ class OwnerLaneAllocator:
     reserved for padding writes and never handed out. A fresh allocator hands out the lowest ids of each
     lane first; the same call sequence always yields the same pages (every rank replays it).
 
+    A ``replicated`` pool (C-POOL; ``kind="replicated"``) has no owners: every rank holds all its pages, so
+    the allocator is the C = 1 allocator of the same page size and policy (``self.config`` is that
+    ``CPConfig(1, P, policy)``): one lane holds pages ``1 .. Q-1``, every phase is 0, every plan puts all
+    tokens on lane 0, and slots are the pool's own rows (``SharedKVLayout(..., kind="replicated")``).
+
     Args:
         config: ``CPConfig`` (cp_size, page_size, owner_policy; ``balanced`` picks phases here).
         pages_per_lane: pages per lane (one int Q >= 1), or a sequence of C ints when ranks have unequal
-            free memory; global page ids run over ``0 .. C * max(Q_r) - 1``.
+            free memory; global page ids run over ``0 .. C * max(Q_r) - 1``. Replicated: the pool's pages
+            (one int), held by every rank.
         device: torch device of ``out_cache_loc`` (default ``"cpu"``).
+        kind: ``"sharded"`` (default, owner lanes) or ``"replicated"`` (C-POOL).
 
     Raises:
         ConfigError: ``config`` not a ``CPConfig``; a capacity that is not an integer >= 1, or a list whose
-            length is not ``cp_size``; a ``device`` torch cannot allocate on; a bad ``CPKV_KERNELS``.
+            length is not ``cp_size`` (replicated: a list at all); a ``device`` torch cannot allocate on; a bad
+            ``CPKV_KERNELS``; an unknown ``kind``.
         KernelVersionError: a CUDA ``device`` without a usable Triton (``CPKV_KERNELS=off`` avoids it).
     """
 
-    def __init__(self, config: CPConfig, pages_per_lane: int | Sequence[int], device="cpu") -> None:
+    def __init__(
+        self, config: CPConfig, pages_per_lane: int | Sequence[int], device="cpu", *, kind: str = "sharded"
+    ) -> None:
         if not isinstance(config, CPConfig):
             raise ConfigError(f"config must be a CPConfig, got {type(config).__name__}")
+        self.kind = check_pool_kind(kind)
+        if kind == "replicated":
+            if not hasattr(pages_per_lane, "__index__"):
+                raise ConfigError(
+                    f"a replicated pool has one page count, held by every rank; got pages_per_lane={pages_per_lane!r}"
+                )
+            config = CPConfig(1, config.page_size, config.owner_policy)  # no owners: one lane (C-POOL)
         C = config.cp_size
         caps = per_lane_ints("pages_per_lane", pages_per_lane, C, 1)
         self.config = config
@@ -199,6 +218,69 @@ class OwnerLaneAllocator:
         L0 = _as_int_array("seq_lens", seq_lens, None)
         return self.alloc_extend(L0, np.ones_like(L0), last_locs)
 
+    # ------------------------------------------------------------------- speculative decoding (C-DRAFT)
+    def alloc_draft(self, seq_lens, last_locs, num_draft_tokens: int) -> ExtendAllocation:
+        """Slots for the k draft tokens of one speculative step: positions ``seq_len .. seq_len + k - 1``.
+
+        Exactly ``alloc_extend(seq_lens, [k] * B, last_locs)`` (SPEC C-DRAFT): the same pages on the same
+        lanes under the same policy (``balanced`` picks phases from the free pages, as for a prefill), all
+        or nothing. The k verify tokens of request i are ``out_cache_loc[i*k : (i+1)*k]``; after
+        verification ``release_tail`` gives back the pages past the kept tokens.
+
+        Args:
+            seq_lens: ``[B]`` tokens of each request whose KV is cached (ints >= 0).
+            last_locs: ``[B]`` slot of position ``seq_len - 1``, -1 when ``seq_len == 0``.
+            num_draft_tokens: k, draft tokens per request, an int >= 1.
+
+        Returns:
+            ``ExtendAllocation`` with ``out_cache_loc`` ``[B * k]`` int64.
+
+        Raises:
+            AllocatorError: ``num_draft_tokens`` not an int >= 1. Otherwise as ``alloc_extend``; in every case
+                nothing is allocated.
+        """
+        k = num_draft_tokens
+        if isinstance(k, bool) or not hasattr(k, "__index__") or int(k) < 1:
+            raise AllocatorError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
+        L0 = _as_int_array("seq_lens", seq_lens, None)
+        return self.alloc_extend(L0, np.full_like(L0, int(num_draft_tokens)), last_locs)
+
+    def release_tail(self, page_ids, new_len: int) -> np.ndarray:
+        """Roll one request back to ``new_len`` tokens: free its pages that hold no kept position (C-DRAFT).
+
+        ``page_ids`` are the request's pages in position order, so page i holds positions
+        ``i*P .. i*P + P-1`` and its first position is ``i*P``. The pages with ``i*P >= new_len``, i.e.
+        ``page_ids[ceil(new_len / P):]``, go back to their own lanes; a page that still holds a kept token
+        stays (its rejected rows are overwritten by the next step). Example P=4, pages ``[9, 6, 3]``
+        (12 positions), ``new_len=5``: page 6 keeps position 4, so only page 3 is freed -> ``[3]``.
+
+        Args:
+            page_ids: ``[m]`` the request's page ids in position order (ints; list, numpy or CPU tensor).
+            new_len: tokens the request keeps, ``0 <= new_len <= m * P``.
+
+        Returns:
+            ``[n]`` int64 page ids freed, in position order (empty when every page holds a kept token).
+
+        Raises:
+            AllocatorError: ``new_len`` not an int, negative or beyond the pages (``> m * P``); a page id out
+                of range, page 0, a page that is free or beyond its lane's capacity, or one listed twice
+                (anywhere in ``page_ids``). Nothing is freed.
+        """
+        pages = self._pages_array(page_ids)
+        P, m = self.config.page_size, pages.shape[0]
+        if isinstance(new_len, bool) or not hasattr(new_len, "__index__"):
+            raise AllocatorError(f"new_len must be an integer, got {new_len!r}")
+        new_len = int(new_len)
+        if not 0 <= new_len <= m * P:
+            raise AllocatorError(
+                f"new_len={new_len} out of range [0, {m * P}]: the request's {m} pages of {P} tokens hold "
+                f"positions 0 .. {m * P - 1}"
+            )
+        self._check_held(pages, "release_tail: the request's pages include")
+        tail = pages[-(-new_len // P) :].copy()
+        self.free(tail)
+        return tail
+
     def free(self, pages) -> None:
         """Return pages to their lanes (SPEC C-ALLOC); all-or-nothing.
 
@@ -212,19 +294,8 @@ class OwnerLaneAllocator:
         pages = self._pages_array(pages)
         if pages.size == 0:
             return
-        C = self.config.cp_size
-        bad = pages[pages == 0]
-        if bad.size:
-            raise AllocatorError("cannot free page 0: it is reserved for padding writes")
-        bad = pages[~self._held(pages)]
-        if bad.size:
-            p = int(bad[0])
-            why = "it is already free (double free)" if self._free[p] else f"beyond lane {p % C}'s capacity"
-            raise AllocatorError(f"cannot free page {p}: {why}")
-        uniq, cnt = np.unique(pages, return_counts=True)
-        if (cnt > 1).any():
-            raise AllocatorError(f"cannot free page {int(uniq[cnt > 1][0])}: listed more than once")
-        lanes = pages % C
+        self._check_held(pages)
+        lanes = pages % self.config.cp_size
         for r in np.unique(lanes):
             mine = pages[lanes == r]
             top = self._base[r] + self._top[r]
@@ -237,6 +308,22 @@ class OwnerLaneAllocator:
         """Bool ``[n]``: page is handed out (exists on its lane and is not free); page 0 never is."""
         C = self.config.cp_size
         return ~self._free[pages] & (pages // C < self.lane_pages[pages % C]) & (pages != 0)
+
+    def _check_held(self, pages: np.ndarray, what: str = "cannot free") -> None:
+        """AllocatorError (``"{what} page {p}: {why}"``) unless every page is handed out and listed once:
+        not page 0, not free, not beyond its lane's capacity, no duplicate."""
+        C = self.config.cp_size
+        bad = pages[pages == 0]
+        if bad.size:
+            raise AllocatorError(f"{what} page 0: it is reserved for padding writes")
+        bad = pages[~self._held(pages)]
+        if bad.size:
+            p = int(bad[0])
+            why = "it is already free (double free)" if self._free[p] else f"beyond lane {p % C}'s capacity"
+            raise AllocatorError(f"{what} page {p}: {why}")
+        uniq, cnt = np.unique(pages, return_counts=True)
+        if (cnt > 1).any():
+            raise AllocatorError(f"{what} page {int(uniq[cnt > 1][0])}: listed more than once")
 
     def _pages_array(self, pages) -> np.ndarray:
         try:

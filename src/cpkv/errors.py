@@ -32,6 +32,13 @@ class LayoutError(CpkvError, ValueError):
     """A slot outside the pool, or a translation result that does not fit the input dtype (C-LAYOUT)."""
 
 
+class PoolKindError(LayoutError):
+    """An owner translation (lane, owned mask) asked of a replicated KV pool, which has no owners (C-POOL).
+
+    The message names the translation and the pool; a replicated pool's slots translate as with
+    ``cp_size`` 1 (``read_slots``/``write_slots`` return the slot itself)."""
+
+
 class AllocatorError(CpkvError, ValueError):
     """Invalid allocator call: bad ``last_loc``, freeing page 0, a free page or an out-of-range id."""
 

@@ -1,4 +1,4 @@
-"""Rank-major shared KV layout: lanes, write slots, read slots, owned masks (SPEC C-LAYOUT)."""
+"""Rank-major shared KV layout: lanes, write slots, read slots, owned masks (SPEC C-LAYOUT, C-POOL)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import check_int
-from .errors import LayoutError
+from .errors import ConfigError, LayoutError, PoolKindError
+
+POOL_KINDS = ("sharded", "replicated")
+"""KV pool kinds (SPEC C-POOL): ``sharded`` (each page on its owner lane) or ``replicated`` (every rank
+holds every page)."""
+
+
+def check_pool_kind(kind: object) -> str:
+    """``kind`` when it is one of ``POOL_KINDS``, else ConfigError naming the value (SPEC C-POOL)."""
+    if not isinstance(kind, str) or kind not in POOL_KINDS:
+        raise ConfigError(f"pool kind={kind!r} is unknown; use one of {', '.join(POOL_KINDS)}")
+    return kind
 
 
 def _is_torch(x: object) -> bool:
@@ -27,26 +38,36 @@ class SharedKVLayout:
     Python sequence, treated as numpy) and returns the same type, dtype and device. Negative slots (the
     ``-1`` padding sentinel) pass through unchanged.
 
+    A ``replicated`` pool (C-POOL; e.g. the KV of a draft model whose attention has no cross-rank softmax
+    merge) has no owners: every rank holds all its ``Q`` pages, slots translate as with C = 1 on every
+    rank (``read_slots`` and ``write_slots`` return the slot itself, the row in each rank's full copy),
+    and the owner translations ``lane_of`` and ``owned_mask`` raise ``PoolKindError``.
+
     Attributes:
-        cp_size: lanes (C >= 1). page_size: slots per page (P >= 1). pages_per_lane: pages per lane (Q >= 1).
+        cp_size: lanes (C >= 1). page_size: slots per page (P >= 1). pages_per_lane: pages per lane (Q >= 1);
+        in a replicated pool, the pages of the pool, held by every rank.
+        kind: ``"sharded"`` (default) or ``"replicated"`` (C-POOL).
 
     Raises:
-        ConfigError: a size below 1. LayoutError: a slot ``>= C*Q*P`` or a result that overflows the dtype.
+        ConfigError: a size below 1, an unknown ``kind``. LayoutError: a slot ``>= num_slots`` or a result
+        that overflows the dtype. PoolKindError: an owner translation of a replicated pool.
     """
 
     cp_size: int
     page_size: int
     pages_per_lane: int
+    kind: str = "sharded"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cp_size", check_int("cp_size", self.cp_size, 1))
         object.__setattr__(self, "page_size", check_int("page_size", self.page_size, 1))
         object.__setattr__(self, "pages_per_lane", check_int("pages_per_lane", self.pages_per_lane, 1))
+        check_pool_kind(self.kind)
 
     @property
     def num_slots(self) -> int:
-        """Slots in the whole pool and rows of the rank-major buffer: ``C * Q * P``."""
-        return self.cp_size * self.pages_per_lane * self.page_size
+        """Slots in the whole pool and rows of the rank-major buffer: ``C * Q * P`` (replicated: ``Q * P``)."""
+        return (self.cp_size if self.kind == "sharded" else 1) * self.pages_per_lane * self.page_size
 
     @property
     def lane_slots(self) -> int:
@@ -57,8 +78,10 @@ class SharedKVLayout:
         """Owner lane of each slot, ``(slot // P) % C`` (C-LAYOUT); negative slots unchanged.
 
         Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence (slots).
-        Returns: the same type, dtype, shape and device. Raises: LayoutError (non-integer dtype, slot >= C*Q*P).
+        Returns: the same type, dtype, shape and device. Raises: LayoutError (non-integer dtype, slot >= C*Q*P);
+        PoolKindError on a replicated pool (C-POOL).
         """
+        self._require_owners("lane_of")
         return self._translate(slots, "lane", lambda s, p, o: p % self.cp_size)
 
     def write_slots(self, slots):
@@ -66,7 +89,10 @@ class SharedKVLayout:
 
         Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence; -1 passes through.
         Returns: rows in ``[0, Q*P)``, same type, dtype, shape and device. Raises: LayoutError as ``lane_of``.
+        Replicated pool (C-POOL): the slot itself, the row in every rank's full copy.
         """
+        if self.kind == "replicated":
+            return self._same_slots(slots)
         return self._translate(slots, "write", lambda s, p, o: (p // self.cp_size) * self.page_size + o)
 
     def read_slots(self, slots):
@@ -74,22 +100,40 @@ class SharedKVLayout:
 
         Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence; -1 passes through.
         Returns: rows in ``[0, C*Q*P)``, same type, dtype, shape and device. Raises: LayoutError as ``lane_of``,
-        or when a row does not fit the input dtype.
+        or when a row does not fit the input dtype. Replicated pool (C-POOL): the slot itself.
         """
+        if self.kind == "replicated":
+            return self._same_slots(slots)
         C, Q, P = self.cp_size, self.pages_per_lane, self.page_size
         return self._translate(slots, "read", lambda s, p, o: ((p % C) * Q + p // C) * P + o)
 
     def owned_mask(self, slots, rank: int):
         """Bool mask, same shape: ``slot >= 0 and lane(slot) == rank`` (C-LAYOUT); numpy in, numpy out.
 
-        Raises: LayoutError for ``rank`` outside ``[0, C)`` or bad slots (as ``lane_of``).
+        Raises: LayoutError for ``rank`` outside ``[0, C)`` or bad slots (as ``lane_of``); PoolKindError on a
+        replicated pool, where no owner filter applies (C-POOL).
         """
+        self._require_owners("owned_mask")
         if isinstance(rank, bool) or not hasattr(rank, "__index__") or not 0 <= int(rank) < self.cp_size:
             raise LayoutError(f"rank={rank!r} out of range [0, {self.cp_size})")
         rank = int(rank)
         slots = self._check(slots)
         wide = slots.to(_torch_int64()) if _is_torch(slots) else slots.astype(np.int64, copy=False)
         return (wide >= 0) & ((wide // self.page_size) % self.cp_size == rank)  # int64: no dtype overflow
+
+    def _require_owners(self, what: str) -> None:
+        """PoolKindError when this pool is replicated: it has no owner lanes to translate to (C-POOL)."""
+        if self.kind == "replicated":
+            raise PoolKindError(
+                f"{what} is an owner translation, but this pool is replicated (cp_size={self.cp_size}, "
+                f"pages_per_lane={self.pages_per_lane}): every rank holds every page; use read_slots/write_slots "
+                f"(the slot itself) and no owner filter"
+            )
+
+    def _same_slots(self, slots):
+        """A replicated pool's translation (C = 1 on every rank): a copy of the checked ``slots``."""
+        slots = self._check(slots)
+        return slots.clone() if _is_torch(slots) else slots.copy()
 
     def _check(self, slots):
         """``slots`` as an integer numpy array or torch tensor, all ``< C*Q*P``; else LayoutError."""
@@ -110,8 +154,9 @@ class SharedKVLayout:
             n = slots.size
         if n and int(slots.max()) >= self.num_slots:
             raise LayoutError(
-                f"slot {int(slots.max())} out of range: the pool has {self.num_slots} slots "
-                f"(cp_size={self.cp_size} x pages_per_lane={self.pages_per_lane} x page_size={self.page_size})"
+                f"slot {int(slots.max())} out of range: the pool has {self.num_slots} slots ("
+                + (f"cp_size={self.cp_size} x " if self.kind == "sharded" else "replicated: ")
+                + f"pages_per_lane={self.pages_per_lane} x page_size={self.page_size})"
             )
         return slots
 
