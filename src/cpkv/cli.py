@@ -97,6 +97,11 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
 @click.option("--logits-budget-mb", type=float, default=SimConfig.logits_budget_mb, show_default=True,
               help="MQA-logits buffer budget per rank in MiB (0: off).")  # fmt: skip
 @click.option("--colocated-decode", is_flag=True, help="Keep pages for output_length decode steps.")
+@click.option("--spec-draft-tokens", type=int, default=0, show_default=True,
+              help="MTP decode: KV slots per request per step (root + K-1 drafts; alloc_draft, release_tail). "
+                   "Implies --colocated-decode; 0: plain decode.")  # fmt: skip
+@click.option("--spec-accept-rate", type=float, default=0.7, show_default=True,
+              help="Per-draft-token acceptance probability of --spec-draft-tokens (seeded, geometric).")
 @click.option("--policy", "policies", multiple=True, default=["all"], show_default=True,
               type=click.Choice(["rotation", "legacy", "balanced", "all"]), help="Owner policy; repeatable.")
 @click.option("--max-requests", type=int, default=None, help="Replay only the first N requests.")
@@ -105,8 +110,8 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
               show_default=True, help="Directory for report.json, summary.csv, lanes.png.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per_lane, chunk_size,
-             max_batch_tokens, logits_budget_mb, colocated_decode, policies, max_requests, seed, out_dir,
-             no_progress) -> None:  # fmt: skip
+             max_batch_tokens, logits_budget_mb, colocated_decode, spec_draft_tokens, spec_accept_rate, policies,
+             max_requests, seed, out_dir, no_progress) -> None:  # fmt: skip
     """Replay traffic through one CP prefill group under each owner policy; write a side-by-side report.
 
     The output directory is created and probed before the replay, the report is rewritten after each
@@ -128,6 +133,7 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
         spec, cp_size=cp_size, page_size=page_size, pages_per_lane=pages_per_lane,
         host_pages_per_lane=host_pages_per_lane, chunk_size=chunk_size, max_batch_tokens=max_batch_tokens,
         logits_budget_mb=logits_budget_mb, colocated_decode=colocated_decode, seed=seed,
+        spec_draft_tokens=spec_draft_tokens, spec_accept_rate=spec_accept_rate,
     )  # fmt: skip
     hint = small_page_hint(config.page_size, config.pages_per_lane)
     if hint:

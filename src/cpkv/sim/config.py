@@ -44,6 +44,11 @@ class SimConfig:
             0 disables the check.
         colocated_decode: keep pages after prefill for ``output_length`` decode steps (``alloc_decode``);
             default False (prefill instance of a P/D-disaggregated deployment: pages go to the cache).
+        spec_draft_tokens: K, KV slots per request of one MTP speculative decode step (root + K-1 drafts;
+            ``alloc_draft``, verify, ``release_tail``; see ``sim/spec_decode.py``); 0 (default) is plain
+            decode. K >= 1 implies ``colocated_decode`` (set True here).
+        spec_accept_rate: A in [0, 1], probability that a draft token is accepted when the drafts before it
+            were (seeded per request from ``seed``); default 0.7.
         livelock_steps: consecutive steps without progress while work is pending that stop a run.
         seed: seed recorded in the report (workload generators take it).
         cost: the ``CostModel``.
@@ -61,6 +66,8 @@ class SimConfig:
     max_running: int = 256
     logits_budget_mb: float = 0.0
     colocated_decode: bool = False
+    spec_draft_tokens: int = 0
+    spec_accept_rate: float = 0.7
     livelock_steps: int = 64
     seed: int = 0
     cost: CostModel = field(default_factory=CostModel)
@@ -69,10 +76,16 @@ class SimConfig:
         for name, minimum in (
             ("cp_size", 1), ("page_size", 1), ("pages_per_lane", 2), ("host_pages_per_lane", 0),
             ("chunk_size", 1), ("max_batch_tokens", 1), ("max_running", 1), ("livelock_steps", 1), ("seed", 0),
+            ("spec_draft_tokens", 0),
         ):  # fmt: skip
             object.__setattr__(self, name, check_int(name, getattr(self, name), minimum))
         if not 0 <= self.logits_budget_mb < float("inf"):
             raise ConfigError(f"logits_budget_mb must be a finite number >= 0, got {self.logits_budget_mb!r}")
+        rate = self.spec_accept_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+            raise ConfigError(f"spec_accept_rate must be a number in [0, 1], got {rate!r}")
+        if self.spec_draft_tokens:
+            object.__setattr__(self, "colocated_decode", True)  # speculative decoding is a decode mode
 
     @property
     def logits_budget_elements(self) -> int | None:

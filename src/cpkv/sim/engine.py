@@ -26,6 +26,7 @@ from .config import SimConfig
 from .cost import step_work
 from .metrics import StepRecorder, compute_imbalance_mean, lane_metrics, percentile_ms
 from .report import PolicyResult
+from .spec_decode import SpecDecoder
 from .workload import Request, prompt_token_ids
 
 _I64 = np.int64
@@ -67,6 +68,10 @@ class PolicyRun:
         cp = CPConfig(config.cp_size, config.page_size, policy)
         self.alloc = OwnerLaneAllocator(cp, config.pages_per_lane)
         self.cache = PrefixCache(self.alloc, host_pages_per_lane=config.host_pages_per_lane)
+        self.spec = (
+            SpecDecoder(self.alloc, config.spec_draft_tokens, config.spec_accept_rate, config.seed)
+            if config.spec_draft_tokens else None
+        )  # fmt: skip
         self.rec = StepRecorder(config.cp_size)
         self.now_ms = 0.0
         self.waiting: deque[Request] = deque()
@@ -229,28 +234,41 @@ class PolicyRun:
                     self._finish(r)
 
     def _decode_step(self) -> np.ndarray | None:
-        """One decode token for every decoding request (``alloc_decode``); tokens per rank, or None."""
+        """One decode step of every decoding request: one token each (``alloc_decode``), or with
+        ``spec_draft_tokens`` an MTP step (``SpecDecoder``: ``alloc_draft``, verify, ``release_tail``);
+        tokens per rank (the verify pass's with MTP), or None."""
         batch = list(self.decoding)
         while batch:
             seq = [r.req.input_length + r.decoded for r in batch]
+            lasts = [int(r.slots[s - 1]) for r, s in zip(batch, seq, strict=True)]
             try:
-                a = self.alloc.alloc_decode(seq, [int(r.slots[s - 1]) for r, s in zip(batch, seq, strict=True)])
+                a = self.spec.alloc_draft(seq, lasts) if self.spec else self.alloc.alloc_decode(seq, lasts)
             except LaneExhausted as e:
                 self.last_short_lane = e.lane
                 if self.cache.evict(e.lane, e.needed - e.available) == 0:
                     self.owner_lane_exhausted += 1
                     batch = batch[:-1]
                 continue
-            out = a.out_cache_loc.numpy()
-            for i, r in enumerate(batch):
-                r.slots[seq[i]] = out[i]
-                r.own_pages.append(a.new_pages[a.plan.page_indptr[i] : a.plan.page_indptr[i + 1]])
-                r.decoded += 1
+            if self.spec:
+                left = [r.req.output_length - r.decoded for r in batch]
+                kept = self.spec.verify(a, [r.req.req_id for r in batch], seq, left, [r.slots for r in batch])
+            else:
+                out, ind = a.out_cache_loc.numpy(), a.plan.page_indptr
+                kept = [(out[i : i + 1], a.new_pages[ind[i] : ind[i + 1]]) for i in range(len(batch))]
+            for r, s, (slots, pages) in zip(batch, seq, kept, strict=True):
+                r.slots[s : s + slots.shape[0]] = slots
+                r.own_pages.append(pages)
+                r.decoded += slots.shape[0]
                 if r.decoded == r.req.output_length:
                     self.decoding.remove(r)
                     self._finish(r)
             return a.plan.per_rank_tokens
         return None
+
+    def _leaked_pages(self) -> int:
+        """Pages in use that neither the prefix cache nor a live request holds (0 unless pages leak)."""
+        live = sum(p.shape[0] for r in self.running + self.decoding for p in r.own_pages)
+        return int(self.alloc.used_pages_per_lane().sum() - self.cache.cached_pages_per_lane().sum()) - live
 
     def _finish(self, r: _Running) -> None:
         """Hand the prompt's full pages to the prefix cache, unlock the prefix, free the rest."""
@@ -296,6 +314,8 @@ class PolicyRun:
             "steps": self.rec.num_steps,
             "sim_time_ms": self.now_ms,
             "logits_budget_cuts": self.logits_budget_cuts,
+            "leaked_pages": self._leaked_pages(),
+            **(self.spec.metrics() if self.spec else {}),
             "load_back_pages": counters["load_backs"],
             "host_backups": counters["backups"],
             "livelock": self.livelock,

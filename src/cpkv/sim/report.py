@@ -28,6 +28,12 @@ REPORT_FIELDS = (
 )  # fmt: skip
 """Metrics every policy's entry in ``report.json`` carries (issue 8; formulas in docs/metrics.md)."""
 
+SPEC_DECODE_FIELDS = (
+    "leaked_pages", "spec_accept_length", "spec_accepted_drafts_per_step", "draft_pages_allocated",
+    "draft_pages_released", "draft_pages_per_lane", "draft_lane_imbalance",
+)  # fmt: skip
+"""Also in the table and ``summary.csv`` when the run decoded speculatively (``--spec-draft-tokens``)."""
+
 
 OUTPUT_FILES = ("report.json", "config.json", "summary.csv", "lanes.png")
 """Files ``write_outputs`` puts into the output directory."""
@@ -153,11 +159,18 @@ def write_atomic(path: Path, data: bytes) -> None:
 def _summary_csv(results: list[PolicyResult]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf)
-    writer.writerow(["policy", *REPORT_FIELDS])
+    fields = _fields(results)
+    writer.writerow(["policy", *fields])
     for r in results:
-        row = [r.metrics.get(k) for k in REPORT_FIELDS]
+        row = [r.metrics.get(k) for k in fields]
         writer.writerow([r.policy, *(" ".join(map(str, v)) if isinstance(v, list) else v for v in row)])
     return buf.getvalue()
+
+
+def _fields(results: list[PolicyResult]) -> tuple[str, ...]:
+    """``REPORT_FIELDS``, plus ``SPEC_DECODE_FIELDS`` when a result has them."""
+    spec = any("draft_pages_allocated" in r.metrics for r in results)
+    return REPORT_FIELDS + (SPEC_DECODE_FIELDS if spec else ())
 
 
 def _lanes_png(results: list[PolicyResult], config: dict, status: str) -> bytes:
@@ -218,7 +231,8 @@ def print_table(results: list[PolicyResult], title: str, width: int | None = Non
     from rich.table import Table
 
     console = Console(width=width or (None if os.isatty(1) else 140))
-    name_width = max(map(len, REPORT_FIELDS))
+    fields = _fields(results)
+    name_width = max(map(len, fields))
     peaks = [r.metrics.get("lane_pages_peak") or [] for r in results]
     cp_size = max(map(len, peaks), default=0)
     room = (console.width - name_width - 4) // max(len(results), 1) - 3  # padding and separators
@@ -229,9 +243,9 @@ def print_table(results: list[PolicyResult], title: str, width: int | None = Non
     table.add_column("metric", no_wrap=True, min_width=name_width)
     for r in results:
         table.add_column(r.policy, justify="right", overflow="fold")
-    for key in REPORT_FIELDS:
+    for key in fields:
         name = key
-        if key == "lane_pages_peak" and cp_size > per_line:
+        if key in ("lane_pages_peak", "draft_pages_per_lane") and cp_size > per_line:
             groups = [f"{i}-{min(i + per_line, cp_size) - 1}" for i in range(0, cp_size, per_line)]
             lanes = f"lanes {' / '.join(groups[:2])}{' / ...' * (len(groups) > 2)}" if per_line > 1 else "lane 0 first"
             name += f"\n[dim]({lanes})[/dim]"
