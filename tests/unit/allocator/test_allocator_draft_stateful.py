@@ -17,7 +17,14 @@ import pytest
 from hypothesis import event
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import oracle
 from allocator_state import snapshot
@@ -213,5 +220,7 @@ class DraftMachine(RuleBasedStateMachine):
                     assert int(rows[j].sum()) == q.seq_len + j + 1
 
 
-TestDraftStateMachine = pytest.mark.clause("C-DRAFT")(pytest.mark.clause("C-ATOMIC")(DraftMachine.TestCase))
-TestDraftStateMachine.settings = hsettings(max_examples=80, stateful_step_count=30, deadline=None)
+@pytest.mark.clause("C-DRAFT")
+@pytest.mark.clause("C-ATOMIC")
+def test_draft_state_machine():
+    run_state_machine_as_test(DraftMachine, settings=hsettings(max_examples=80, stateful_step_count=30, deadline=None))
