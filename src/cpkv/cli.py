@@ -97,10 +97,10 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
 @click.option("--logits-budget-mb", type=float, default=SimConfig.logits_budget_mb, show_default=True,
               help="MQA-logits buffer budget per rank in MiB (0: off).")  # fmt: skip
 @click.option("--colocated-decode", is_flag=True, help="Keep pages for output_length decode steps.")
-@click.option("--spec-draft-tokens", type=int, default=0, show_default=True,
+@click.option("--spec-draft-tokens", type=int, default=SimConfig.spec_draft_tokens, show_default=True,
               help="MTP decode: KV slots per request per step (root + K-1 drafts; alloc_draft, release_tail). "
                    "Implies --colocated-decode; 0: plain decode.")  # fmt: skip
-@click.option("--spec-accept-rate", type=float, default=0.7, show_default=True,
+@click.option("--spec-accept-rate", type=float, default=SimConfig.spec_accept_rate, show_default=True,
               help="Per-draft-token acceptance probability of --spec-draft-tokens (seeded, geometric).")
 @click.option("--policy", "policies", multiple=True, default=["all"], show_default=True,
               type=click.Choice(["rotation", "legacy", "balanced", "all"]), help="Owner policy; repeatable.")
