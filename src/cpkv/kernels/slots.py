@@ -138,7 +138,8 @@ def owned_mask(layout: SharedKVLayout, slots: torch.Tensor, rank: int, *, out=No
 
 def _translate(layout: SharedKVLayout, kind: str, slots, rank: int | None, out, check: bool) -> torch.Tensor:
     """One C-LAYOUT translation through the kernel, or through the reference where the kernel does not
-    apply: the torch path, a dtype Triton cannot load, or one that cannot hold every possible result."""
+    apply: the torch path, a dtype Triton cannot load, one that cannot hold every possible result, or a
+    replicated pool (C-POOL: the slot itself, and owner translations raise ``PoolKindError``)."""
     slots = require_tensor("slots", slots)
     if not isinstance(layout, SharedKVLayout):
         raise KernelError(f"layout must be a SharedKVLayout, got {type(layout).__name__}")
@@ -150,7 +151,7 @@ def _translate(layout: SharedKVLayout, kind: str, slots, rank: int | None, out, 
         kind == "owned_mask" or torch.iinfo(slots.dtype).max >= layout.num_slots - 1
     )
     backend = kernel_backend(slots.device)
-    if backend == "torch" or not fits:
+    if backend == "torch" or not fits or layout.kind != "sharded":  # a replicated pool has no owners (C-POOL)
         return into(out, reference(slots, *args))
     n = slots.numel()
     if check and n and int(slots.max()) >= layout.num_slots:

@@ -110,3 +110,20 @@ def test_replicated_allocator_is_the_cp_size_1_allocator(policy):
 def test_replicated_allocator_takes_one_page_count():
     with pytest.raises(ConfigError, match=r"a replicated pool has one page count.*\[8, 8\]"):
         OwnerLaneAllocator(CPConfig(2, 4), [8, 8], kind="replicated")
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_kernel_translations_of_a_replicated_pool(monkeypatch, dtype):
+    # cpkv.kernels (Triton, here through its CPU interpreter) must not apply the sharded formula to a
+    # replicated pool: slot 511 would read at row 1663 and write at 127 of a pool that has 512 rows.
+    pytest.importorskip("triton", reason="Triton is not installed: `pip install -e '.[gpu]'` (make test does)")
+    from cpkv import kernels as K
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("CPKV_KERNELS", raising=False)
+    layout = SharedKVLayout(4, 64, 8, kind="replicated")
+    s = torch.tensor(SLOTS, dtype=dtype)
+    assert K.read_slots(layout, s).tolist() == SLOTS and K.write_slots(layout, s).tolist() == SLOTS
+    assert K.read_slots(layout, s).dtype == dtype
+    with pytest.raises(PoolKindError, match=r"owned_mask is an owner translation"):
+        K.owned_mask(layout, s, 2)
