@@ -1,5 +1,6 @@
 # Two entry points that work on a fresh machine: `make demo` and `make test`.
-# Both create .venv and install cpkv into it first.
+# Both create .venv and install cpkv into it first. `make test-sglang` runs the SGLang integration tests
+# in their own .venv-sglang (SGLang 0.5.23 without its dependencies, plus the pinned set it imports).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -11,7 +12,11 @@ TORCH_PIP_ARGS ?=
 # Pinned here for CI (about 290 MB download, 1 GB on disk, 15-35 s); `make test TRITON_SPEC=` skips the pin.
 TRITON_SPEC ?= triton==3.9.0
 
-.PHONY: install demo test lint clean
+SGLANG_VENV ?= .venv-sglang
+SGLANG_BIN  := $(SGLANG_VENV)/bin
+SGLANG_REQS := tests/integration/sglang/requirements.txt
+
+.PHONY: install demo test test-sglang lint clean
 
 # torch is most of the install time (minutes): its pip runs without -q so its download and install
 # progress show.
@@ -34,8 +39,21 @@ test: install
 	$(BIN)/python -m cpkv.gov check $(if $(wildcard ../shared/design/SPEC.md),--spec ../shared/design/SPEC.md)
 	$(BIN)/python -m pytest -q
 
+$(SGLANG_BIN)/.installed: pyproject.toml $(SGLANG_REQS)
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_BIN)/pip install -q --upgrade pip
+	$(SGLANG_BIN)/pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(SGLANG_BIN)/pip install -q pytest==9.2.0 pytest-timeout==2.4.0
+	$(SGLANG_BIN)/pip install -q --no-deps -r $(SGLANG_REQS)
+	$(SGLANG_BIN)/pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+# CPKV_REQUIRE_SGLANG=1: a failing `import sglang` fails the run instead of skipping every test.
+test-sglang: $(SGLANG_BIN)/.installed
+	CPKV_REQUIRE_SGLANG=1 $(SGLANG_BIN)/python -m pytest -q -m sglang tests/integration/sglang
+
 lint: install
 	$(BIN)/ruff check src tests
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(SGLANG_VENV) build *.egg-info src/*.egg-info .pytest_cache

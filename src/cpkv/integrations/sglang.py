@@ -7,8 +7,9 @@ C-ATOMIC, C-OWNER-EQ-COMPUTE). This module is the only one in cpkv that imports 
 Page ids: ``size`` is what SGLang passes, one rank's KV pool in tokens, so one rank holds
 ``n = size // page_size`` pages plus its padding page (SGLang sizes every rank's KV buffer
 ``size + page_size`` slots). Lane r is rank r's buffer: ``Q = n + 1`` pages, global page ``p`` on lane
-``p % C`` at local page ``p // C``. Global page 0 is the reserved padding page; pages
-``1 .. num_pages = C * Q - 1`` are handed out. At ``cp_size=1`` these are SGLang's own ids (``1 .. n``).
+``p % C`` at local page ``p // C``. Every rank's local page 0 (global pages ``0 .. C-1``) is its padding
+page and never handed out, as in SGLang's own sharded allocator; pages ``C .. C*Q - 1`` are, ``C * n`` in
+all. At ``cp_size=1`` these are SGLang's own ids (``1 .. n``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         last_plan: ``BatchPlan`` of the latest successful ``alloc_extend`` / ``alloc_decode`` / ``alloc``
             (None before the first): ``token_owner`` [sum E], ``gather_index`` [sum E], ``request_phases``
             [B] for the model runner (docs/sglang.md). A call that returns None leaves it as it was.
-        num_pages: highest page id handed out (``C * Q - 1``); ``size`` is ``C * size`` (the group's tokens).
+        num_pages: pages handed out, ``C * n``; ``size`` is ``C * size``, the group's tokens (both as SGLang's
+            sharded allocator widens them).
 
     Raises:
         ConfigError: a bad ``cp_size``, ``page_size``, ``size < page_size`` or unknown ``owner_policy``.
@@ -94,8 +96,9 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         C, P = self.config.cp_size, self.config.page_size
         lane_pages = self.size // C // P + 1  # Q: one rank's pages plus its padding page
         self.lanes = OwnerLaneAllocator(self.config, lane_pages, device=self.device)
+        self.lanes.alloc_pages(np.arange(1, C))  # local page 0 of lanes 1..C-1: padding, held for good
         self.layout = SharedKVLayout(C, P, lane_pages)
-        self.num_pages = C * lane_pages - 1
+        self.num_pages = C * (lane_pages - 1)
         self.last_plan = None
         self.free_pages = self.release_pages = None  # SGLang's flat lists: unused here, fail loud if read
         self.free_group = None
@@ -113,6 +116,11 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         """Admission floor in tokens: ``cp_size * page_size * min over lanes of (free + staged pages)``."""
         free = self.lanes.free_pages_per_lane() + self._staged_per_lane
         return self.cp_size * self.page_size * int(free.min())
+
+    def aggregate_free_size(self) -> int:
+        """Free tokens over all lanes, ``page_size * (free + staged pages)``: the conservation term of
+        SGLang's invariant checker (not an admission gate; see ``available_size``)."""
+        return self.page_size * (self.lanes.total_free_pages + int(self._staged_per_lane.sum()))
 
     def get_all_free_pages(self) -> torch.Tensor:
         """Every free page id (on a lane or staged), ascending, int64 ``[n]`` on ``device``."""
@@ -267,12 +275,14 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
 
     def _release(self, pages: np.ndarray) -> None:
         """Give pages back: to their lanes (the first comes off first), or staged under ``need_sort``."""
+        bad = pages[(pages < self.cp_size) | (pages >= self.lanes.num_pages)]
+        if bad.size:
+            p = int(bad[0])
+            why = "a padding page" if 0 <= p < self.cp_size else f"not in [{self.cp_size}, {self.lanes.num_pages})"
+            raise AllocatorError(f"cannot free page {p}: {why}")
         if not self.need_sort:
             self.lanes.free(pages)
             return
-        bad = pages[(pages <= 0) | (pages > self.num_pages)]
-        if bad.size:
-            raise AllocatorError(f"cannot free page {int(bad[0])}: not in [1, {self.num_pages}]")
         uniq, cnt = np.unique(pages, return_counts=True)
         bad = np.concatenate([pages[self.lanes.is_free(pages) | self._staged_mask[pages]], uniq[cnt > 1]])
         if bad.size:

@@ -54,8 +54,9 @@ def test_platform_hook_class_is_built_with_sglangs_six_arguments():
     assert issubclass(bound, paged.PagedTokenToKVPoolAllocator)
     alloc = bound(64, 4, torch.bfloat16, "cpu", None, False)
     assert (alloc.cp_size, alloc.config.owner_policy) == (4, "balanced")
-    assert alloc.size == 4 * 64 and alloc.num_pages == 4 * 17 - 1  # 4 lanes of 16 pages + padding page
-    assert alloc.available_size() == 4 * 64  # lane 0 lost page 0: the floor is 16 pages a lane
+    assert alloc.size == 4 * 64 and alloc.num_pages == 4 * 16  # 4 lanes of 16 pages (+ a padding page each)
+    assert alloc.available_size() == alloc.aggregate_free_size() == 4 * 64
+    assert alloc.get_all_free_pages().tolist() == list(range(4, 4 * 17))  # pages 0..3: local page 0 of a lane
     with pytest.raises(ConfigError, match="cp_size"):
         Allocator.for_group(0)
 
@@ -74,15 +75,17 @@ def test_clear_and_resize_free_everything():
     alloc.alloc(16)
     alloc.resize(types.SimpleNamespace(max_total_num_tokens=16 * 4))
     assert alloc.size == 2 * 64 and alloc.available_size() == 2 * 64
-    assert alloc.get_all_free_pages().tolist() == list(range(1, 2 * 5))
+    assert alloc.get_all_free_pages().tolist() == list(range(2, 2 * 5))
 
 
 def test_bad_calls_raise_typed_errors_and_change_nothing():
     alloc = make(page_size=4, cp_size=2)
     out = alloc.alloc(8)
     before = alloc.get_all_free_pages().tolist()
-    with pytest.raises(AllocatorError, match="page 0"):
-        alloc.free(torch.tensor([0, 1]))
+    with pytest.raises(AllocatorError, match="page 0: a padding page"):
+        alloc.free(torch.tensor([0, int(out[0])]))
+    with pytest.raises(AllocatorError, match="page 1: a padding page"):
+        alloc.free_page_ids(torch.tensor([int(out[0]) // 4, 1]))
     with pytest.raises(AllocatorError, match="already free"):
         alloc.free(torch.tensor([int(out[0]), 4 * int(before[0])]))
     with pytest.raises(AllocatorError, match="not page-aligned"):

@@ -75,22 +75,22 @@ def test_every_slot_is_on_its_computing_rank_and_none_changes_nothing(C, need_so
         work.commit(op, got)
         live = side.live_slots()
         assert np.unique(live).shape[0] == live.shape[0]
-        assert ((live // P >= 1) & (live // P <= alloc.num_pages)).all()
+        assert ((live // P >= C) & (live // P < C * (rank_pages + 1))).all()  # no padding or foreign page
         free = set(alloc.get_all_free_pages().tolist())
         assert free.isdisjoint(live // P) and len(free | set((live // P).tolist())) == alloc.num_pages
-        assert alloc.available_size() == lane_floor(alloc)
+        assert alloc.available_size() == lane_floor(alloc) and alloc.aggregate_free_size() == P * len(free)
     assert served >= 300 and nones >= 10
 
 
 @pytest.mark.clause("C-ATOMIC")
 @pytest.mark.parametrize("policy", OWNER_POLICIES)
 def test_a_short_lane_returns_none_although_other_lanes_have_room(policy):
-    """C=2, P=4, 4 pages a rank: lane 0 holds pages 2, 4, 6, 8 and lane 1 pages 1, 3, 5, 7, 9."""
+    """C=2, P=4, 4 pages a rank: lane 0 hands out pages 2, 4, 6, 8 and lane 1 pages 3, 5, 7, 9."""
     C, P = 2, 4
     alloc = make(C, P, 4, policy)
-    chain = alloc.alloc(8 * P)  # 8 pages, 4 a lane whatever the phase: lane 0 is full, lane 1 keeps 9
-    assert sorted(set((chain // P).tolist())) == list(range(1, 9))
-    alloc.free_page_ids(torch.tensor([3, 5]))  # lane 1 only: pages 3, 5, 9 free, lane 0 none
+    chain = alloc.alloc(8 * P)  # all 8 pages, 4 a lane whatever the phase
+    assert sorted(set((chain // P).tolist())) == list(range(2, 10))
+    alloc.free_page_ids(torch.tensor([3, 5]))  # lane 1 only: pages 3, 5 free, lane 0 none
     assert alloc.available_size() == 0
     before, twin = state(alloc), copy.deepcopy(alloc)
     t = torch.tensor

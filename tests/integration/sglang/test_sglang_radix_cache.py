@@ -96,7 +96,8 @@ class Engine:
         own = [p for _, row, L0, _ in self.running.values() for p in set((row[L0:] // P).tolist())]
         free = self.alloc.get_all_free_pages().tolist()
         held = tree_pages + own + free
-        assert sorted(held) == list(range(1, self.alloc.num_pages + 1)), "a page leaked or is held twice"
+        C = getattr(self.alloc, "cp_size", 1)  # pages 0..C-1 are padding pages
+        assert sorted(held) == list(range(C, C + self.alloc.num_pages)), "a page leaked or is held twice"
 
 
 def run(engines: list[Engine], seed: int, steps: int = 250) -> int:
