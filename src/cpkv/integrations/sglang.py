@@ -52,11 +52,12 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         owner_policy: cpkv owner policy (``CPConfig``); default ``default_owner_policy``.
 
     Attributes:
+        config: the group's ``CPConfig``. lanes: the ``OwnerLaneAllocator`` behind every call (``Q`` pages a lane).
         layout: ``SharedKVLayout(C, P, Q)``; ``layout.write_slots(out_cache_loc)`` indexes a rank's own buffer.
         last_plan: ``BatchPlan`` of the latest successful ``alloc_extend`` / ``alloc_decode`` / ``alloc``
-            (None before the first): ``token_owner`` [sum E], ``gather_index`` [sum E], ``request_phases``
+            (None before the first and after ``clear``): ``token_owner`` [sum E], ``gather_index`` [sum E], ``request_phases``
             [B] for the model runner (docs/sglang.md). A call that returns None leaves it as it was.
-        num_pages: pages handed out, ``C * n``; ``size`` is ``C * size``, the group's tokens (both as SGLang's
+        num_pages: pages that can be handed out, ``C * n``; ``size`` is ``C * size``, the group's tokens (both as SGLang's
             sharded allocator widens them).
 
     Raises:
