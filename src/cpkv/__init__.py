@@ -6,6 +6,7 @@ Public API (SPEC section 10): ``CPConfig``, ``owner_lane_phase``, ``plan_request
 """
 
 from .allocator import ExtendAllocation, OwnerLaneAllocator
+from .cache import CacheEntry, HostTier, InsertResult, PrefixCache, PrefixMatch
 from .config import OWNER_POLICIES, CPConfig
 from .errors import (
     AllocatorError,
@@ -19,11 +20,9 @@ from .errors import (
     UnsupportedPagePlan,
 )
 from .estimator import mqa_logits_elements
-from .host_tier import HostTier
 from .kv_lens import rank_kv_lens, verify_rank_kv_lens
 from .layout import POOL_KINDS, SharedKVLayout
 from .planner import BatchPlan, RequestPlan, owner_lane_phase, plan_batch, plan_request
-from .prefix_cache import CacheEntry, InsertResult, PrefixCache, PrefixMatch
 
 __all__ = [
     "CacheEntry",

@@ -18,7 +18,7 @@ import torch
 from ..allocator import ExtendAllocation, OwnerLaneAllocator
 from ..config import CPConfig
 from ..errors import LaneExhausted, PlanError
-from ..prefix_cache import PrefixCache
+from ..cache import PrefixCache
 from .workload import Workload
 
 _I64 = np.int64

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..allocator import OwnerLaneAllocator
+from ..cache import PrefixCache
 from ..config import CPConfig
 from ..errors import LaneExhausted
 from ..estimator import mqa_logits_elements
 from ..planner import zigzag_lane_pages
-from ..prefix_cache import PrefixCache
 from .config import SimConfig
 from .cost import step_work
 from .metrics import StepRecorder, compute_imbalance_mean, lane_metrics, percentile_ms

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from cpkv import ConfigError, CPConfig, LaneExhausted, OwnerLaneAllocator
+from cpkv.cache import PrefixCache
 from cpkv.errors import PrefixCacheError
-from cpkv.prefix_cache import PrefixCache
 
 pytestmark = pytest.mark.unit
 
@@ -294,16 +294,28 @@ def test_eviction_takes_the_deepest_page_of_the_least_recent_prefix():
 
 @pytest.mark.clause("C-RELOAD")
 def test_host_tier_is_bounded_and_lru_per_lane():
-    # C=1, P=2, host capacity 2: a 4-page prompt evicted page by page (deepest first) writes back pages
-    # 3, 2, then page 1 needs room: the LRU copy (page 3, the deepest) is dropped; then page 0 drops page 2.
+    # C=1, P=2, host capacity 2. Prompt A (9 tokens: 4 whole pages a0..a3) evicted in one call is written
+    # back ancestors first: a0 and a1 fill the shard; a2 finds no room (the shard only holds copies of
+    # pages this call evicts), so a2 and a3 are dropped without being copied. (The per-page tree of
+    # cpkv 0.1 wrote a3 and a2 first and then dropped them for a1 and a0: 4 backups, 2 host evictions.)
     alloc, cache = make(cp_size=1, page_size=2, pages_per_lane=16, host=2)
-    tokens = np.arange(1, 10)  # 9 tokens: 4 whole pages
-    run_request(alloc, cache, tokens)
+    a_tokens = np.arange(1, 10)
+    run_request(alloc, cache, a_tokens)
     assert cache.evict(0, 4) == 4
     c = cache.counters()
-    assert (c["backups"], c["host_evictions"], c["host_dropped"]) == (4, 2, 0)
+    assert (c["backups"], c["host_evictions"], c["host_dropped"]) == (2, 0, 0)
     assert cache.host_copies_per_lane().tolist() == [2]
-    m = cache.match_prefix(tokens)
+    m = cache.match_prefix(a_tokens)  # touches a1, then a0: a0 is the most recently used copy
+    assert (m.device_len, m.host_len) == (0, 4)
+    # Prompt B (5 tokens: b0, b1) evicted next: b0 drops the LRU copy a1; b1 drops a0, and with it the
+    # whole host-only prompt A.
+    b_tokens = np.arange(50, 55)
+    run_request(alloc, cache, b_tokens)
+    assert cache.evict(0, 2) == 2
+    c = cache.counters()
+    assert (c["backups"], c["host_evictions"], c["host_dropped"]) == (4, 2, 0)
+    assert cache.match_prefix(a_tokens).prefix_len == 0
+    m = cache.match_prefix(b_tokens)
     assert (m.device_len, m.host_len) == (0, 4)
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from cpkv import ConfigError
+from cpkv.cache import HostTier
 from cpkv.errors import PrefixCacheError
-from cpkv.host_tier import HostTier
 
 pytestmark = pytest.mark.unit
 

@@ -27,7 +27,7 @@ from hypothesis.stateful import (
 )
 
 from cpkv import CPConfig, LaneExhausted, OwnerLaneAllocator
-from cpkv.prefix_cache import PrefixCache
+from cpkv.cache import PrefixCache
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-RELOAD")]
 

@@ -1,0 +1,668 @@
+"""Prefix cache of one CP group over the owner-lane allocator (SPEC section 8: C-RELOAD, C-LOCK).
+
+A radix tree of page runs (``radix.py``) keyed by token ids at page granularity; per page it keeps the
+device page id (lane = ``page % C``, the owner) or, once evicted with write-back, a host copy and the
+**recorded owner lane**. A run is all on device or all host-only; device runs form a prefix-closed set.
+Load-back replays the recorded lanes (never a recomputed phase); when a lane is short it evicts on that
+lane, retries once, then treats the rest of the prefix as a miss and counts
+``load_back_owner_lane_capacity_failed``: no request ever waits on one lane.
+
+Ownership contract (who frees what; the simulator and the executor rely on it):
+- ``match_prefix`` changes no ownership. Matched device pages belong to the tree; a caller that uses them
+  across other cache calls must ``lock(match.handle)`` first (locked pages are never evicted).
+- ``load_back`` allocates the loaded pages and gives them to the tree (not to the caller).
+- ``insert(token_ids, slots)``: the caller hands over every full page of ``slots``. Afterwards the tree
+  owns ``result.pages``; a caller page that duplicated a cached page was freed back to the allocator, so
+  the caller must switch its ``req_to_token`` row to ``result.slots``. The partial last page stays the
+  caller's, to free itself (or to hand over by a later ``insert`` once full).
+- ``evict`` frees device pages back to the allocator (one ``free`` call per ``evict``); nothing else ever
+  frees a tree page.
+
+Engine flow for one request (``t`` its token ids, ``row`` its ``req_to_token`` slots)::
+
+    m = cache.load_back(cache.match_prefix(t[:-1]))   # load_back right after the match (else: stale)
+    cache.lock(m.handle)
+    ext = alloc.alloc_extend([m.device_len], [len(t) - m.device_len], [m.last_loc])
+    #   on LaneExhausted e: cache.evict(e.lane, e.needed - e.available), retry once
+    row = concat(m.device_slots, ext.out_cache_loc)
+    r = cache.insert(t, row); row[:len(r.slots)] = r.slots      # after each chunk and at the end
+    cache.lock(r.handle); cache.unlock(m.handle)                # move the lock to the longer prefix
+    # finished: cache.unlock(r.handle); alloc.free([row[len(r.slots)] // P]) if a partial page is left
+
+**Locks (C-LOCK).** A handle names a page-aligned prefix as it is on device when the handle is made;
+``lock(h)`` protects it, ancestors included, and ``unlock`` must go through a handle of that same prefix
+(``radix.py``). Once its pages leave the device a handle is stale: ``lock`` raises, even after a
+load-back put the prefix on other pages. Every misuse raises ``PrefixCacheError`` and changes nothing.
+
+**Eviction order.** Every use (match, insert, load-back, the last unlock) stamps the whole path at once;
+``evict(lane, n)`` takes the unlocked device page of ``lane`` with the oldest stamp, the deepest on a tie,
+together with its device subtree, and repeats: per run that is one cut at the n-th ``lane`` page from the
+bottom, found with numpy, then one ``free`` for the whole call. With a host tier the evicted pages are
+written back ancestors first (``writeback.py``). Every decision is deterministic, so the ranks of a group
+that replay the same calls keep identical trees; ``backup_fn`` / ``restore_fn`` of rank r move only
+lane r's pages.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from ..allocator import OwnerLaneAllocator
+from ..errors import PlanError, PrefixCacheError
+from ..planner import _as_int_array, offsets_within_key
+from .host_tier import HostTier
+from .radix import RadixNode, RadixTree
+from .results import CacheEntry, InsertResult, PrefixMatch
+from .writeback import HKEY, LANE, PAGE, write_back
+
+_I64 = np.int64
+_EMPTY = np.zeros(0, dtype=_I64)
+_EMPTY.setflags(write=False)
+_COUNTERS = ("hits", "misses", "matched_tokens", "host_matched_tokens", "inserted_pages", "duplicate_pages",
+             "backups", "host_evictions", "host_dropped", "load_backs", "load_back_owner_lane_capacity_failed",
+             "load_back_failed_pages")  # fmt: skip
+
+__all__ = ["CacheEntry", "InsertResult", "PrefixCache", "PrefixMatch"]
+
+
+class CacheNode(RadixNode):
+    """A run of the prefix cache: ``vals`` columns PAGE (device page, -1 host-only), LANE (owner lane,
+    recorded when host-only), HKEY (host copy id, -1 none)."""
+
+    __slots__ = ("dev", "gen", "memo", "pushed", "in_batch")
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.dev = False  # on device (else host-only: every page has a host copy)
+        self.gen = 0  # +1 whenever the pages leave the device: handles of older generations are stale
+        self.memo: tuple | None = None  # (int64 [C] pages per lane, lanes present), dropped on split
+        self.pushed = -1  # stamp of its entries on the eviction heaps
+        self.in_batch = False  # taken by the evict call in progress
+
+
+class PrefixCache:
+    """Radix prefix cache of one CP group, lane-aware, with a bounded per-lane host tier (C-RELOAD, C-LOCK).
+
+    Args:
+        allocator: the group's ``OwnerLaneAllocator``; the cache frees evicted pages to it and allocates
+            load-back pages from it (``alloc_pages`` on the recorded lanes).
+        host_pages_per_lane: host-tier capacity in pages, an int >= 0 for every lane or C ints; 0 (the
+            default) disables write-back, so evicted pages are dropped.
+        backup_fn: ``backup_fn(page) -> payload`` copies a page's KV rows to host memory when it is evicted
+            with write-back (called before the page is freed); None stores ``None`` (simulator).
+        restore_fn: ``restore_fn(page, payload)`` writes a host copy into a freshly allocated device page
+            during ``load_back``; None does nothing.
+
+    Raises:
+        PrefixCacheError: ``allocator`` is not an ``OwnerLaneAllocator``. ConfigError: a bad capacity.
+    """
+
+    def __init__(
+        self,
+        allocator: OwnerLaneAllocator,
+        *,
+        host_pages_per_lane: int | Sequence[int] = 0,
+        backup_fn: Callable[[int], object] | None = None,
+        restore_fn: Callable[[int, object], None] | None = None,
+    ) -> None:
+        if not isinstance(allocator, OwnerLaneAllocator):
+            raise PrefixCacheError(f"allocator must be an OwnerLaneAllocator, got {type(allocator).__name__}")
+        self.allocator = allocator
+        self.cp_size = C = allocator.config.cp_size
+        self.page_size = allocator.config.page_size
+        self.host = HostTier(C, host_pages_per_lane)
+        self.backup_fn = backup_fn
+        self.restore_fn = restore_fn
+        self.tree = RadixTree(self.page_size, 3, CacheNode, self._on_split)
+        self._root_handle = self.tree.handle(self.tree.root, 0, 0)
+        self._heaps: list[list] = [[] for _ in range(C)]  # per lane: (stamp, -end, nid, node), lazy deletion
+        self._heap_cap = [1024] * C  # compact a heap when it grows past this
+        self._pending: list[CacheNode] = []  # stamped nodes not yet on the heaps
+        self._in_tree = np.zeros(allocator.num_pages, dtype=bool)  # [num_pages] page held by a device run
+        self._cached = np.zeros(C, dtype=_I64)  # [C] device pages in the tree
+        self._evictable = np.zeros(C, dtype=_I64)  # [C] unlocked device pages
+        self._evicted = np.zeros(C, dtype=_I64)
+        self._collateral = np.zeros(C, dtype=_I64)
+        self._host_loc: dict[int, CacheNode] = {}  # host key -> run holding the copy
+        self._next_key = 0
+        self._epoch = 0  # bumped by every change of pages; a match is valid for one epoch
+        self._n = dict.fromkeys(_COUNTERS, 0)
+
+    # ----------------------------------------------------------------------------------------- queries
+    def match_prefix(self, token_ids, *, record: bool = True) -> PrefixMatch:
+        """Longest cached page-aligned prefix of ``token_ids`` (SPEC C-RELOAD).
+
+        A match never exceeds the true shared prefix and is a whole number of pages (P=16, prompts sharing
+        150 tokens: 144). Callers that must compute at least one token pass ``token_ids[:-1]``.
+
+        Args:
+            token_ids: ``[num_tokens]`` integer token ids (list, numpy or CPU tensor).
+            record: when False, a read-only probe: no counters, no LRU stamp.
+
+        Returns:
+            ``PrefixMatch``: the device part, then the host-only part with its recorded lanes.
+
+        Raises:
+            PrefixCacheError: ``token_ids`` not 1-D integers.
+        """
+        tokens = self._tokens(token_ids)
+        path = self.tree.walk(tokens, tokens.shape[0] // self.page_size)
+        if record and path and path[-1][1] < path[-1][0].num_pages:
+            path[-1] = (self.tree.split(*path[-1]), path[-1][1])  # a stamp covers whole runs
+        dev = [(n, m) for n, m in path if n.dev]
+        host = path[len(dev) :]
+        depth = sum(m for _, m in dev)
+        match = PrefixMatch(
+            device_pages=_concat([n.vals[:m, PAGE] for n, m in dev]),
+            host_lanes=_concat([n.vals[:m, LANE] for n, m in host]),
+            page_size=self.page_size,
+            handle=self.tree.handle(dev[-1][0], depth, dev[-1][0].gen) if dev else self._root_handle,
+            _host_end=self.tree.handle(host[-1][0], depth + sum(m for _, m in host), 0) if host else None,
+            _epoch=self._epoch,
+        )
+        if record:
+            self._n["hits" if path else "misses"] += 1
+            self._n["matched_tokens"] += match.prefix_len
+            self._n["host_matched_tokens"] += match.host_len
+            self._touch([n for n, _ in path])
+        return match
+
+    def cached_pages_per_lane(self) -> np.ndarray:
+        """Device pages held by the tree (locked or not), per lane, int64 ``[C]``."""
+        return self._cached.copy()
+
+    def evictable_pages_per_lane(self) -> np.ndarray:
+        """Unlocked device pages of the tree per lane, int64 ``[C]`` (what ``evict`` can free at most)."""
+        return self._evictable.copy()
+
+    def host_copies_per_lane(self) -> np.ndarray:
+        """Host copies held per lane, int64 ``[C]`` (bounded by ``host_pages_per_lane``)."""
+        return self.host.count_per_lane()
+
+    @property
+    def total_cached_pages(self) -> int:
+        """Device pages held by the tree over all lanes, in pages."""
+        return int(self._cached.sum())
+
+    def counters(self) -> dict:
+        """Counters (a fresh dict): ``hits``/``misses`` (match calls with / without a matched page),
+        ``matched_tokens`` (device + host), ``host_matched_tokens``, ``inserted_pages`` (pages taken over
+        from callers), ``duplicate_pages`` (caller pages freed by insert), ``evicted_pages`` (list [C],
+        device pages evicted per lane), ``evicted_collateral_pages`` (list [C], those evicted while freeing
+        another lane), ``backups`` (host copies written), ``host_evictions`` (copies dropped for host
+        capacity), ``host_dropped`` (copies dropped with their page: below a dropped page, or a refilled
+        page on another lane), ``load_backs`` (pages), ``load_back_owner_lane_capacity_failed`` (load-backs
+        cut short by a full lane), ``load_back_failed_pages`` (host pages left to recompute).
+
+        They add up: ``cached = inserted_pages + load_backs - sum(evicted_pages)`` and
+        ``host copies = backups - host_evictions - host_dropped``.
+        """
+        out: dict = dict(self._n)
+        out["evicted_pages"] = self._evicted.tolist()
+        out["evicted_collateral_pages"] = self._collateral.tolist()
+        return out
+
+    def entries(self) -> Iterator[CacheEntry]:
+        """Every cached page (device or host), runs parents first; a read-only view for tests and reports."""
+        for n in self.tree.nodes():
+            for i, (page, lane, key) in enumerate(n.vals.tolist()):
+                yield CacheEntry(n.start + i, page if n.dev else -1, lane, key >= 0, n.lock_ref,
+                                 key if key >= 0 else None)  # fmt: skip
+
+    # ----------------------------------------------------------------------------------------- locking
+    def lock(self, handle) -> None:
+        """Protect the handle's prefix (its pages and all ancestors) from eviction until the matching
+        ``unlock(handle)`` (SPEC C-LOCK). Locks are counted per handle; the root's (empty) handle counts
+        too. A handle of a longer prefix protects this one, never the other way round.
+
+        Raises:
+            PrefixCacheError: not a handle of this cache, or a stale one (its pages were evicted since it
+                was returned; call match_prefix again). Nothing changes.
+        """
+        node, depth = self._resolve(handle)
+        node, locked = self.tree.lock(node, depth)
+        for n in locked:
+            if n.dev:  # type: ignore[attr-defined]
+                self._evictable -= self._counts(n)
+
+    def unlock(self, handle) -> None:
+        """Undo one ``lock`` taken through this handle (C-LOCK); pages whose last lock goes become
+        evictable (most recently used).
+
+        Raises:
+            PrefixCacheError: a handle of another cache, a stale one, or one with no outstanding lock taken
+                through it (e.g. the handle of a shorter prefix than the one locked). Nothing changes.
+        """
+        node, depth = self._resolve(handle)
+        freed = self.tree.unlock(node, depth)
+        if freed:
+            self._stamp(freed)
+            for n in freed:
+                if n.dev:  # type: ignore[attr-defined]
+                    self._evictable += self._counts(n)
+
+    # ---------------------------------------------------------------------------------------- updates
+    def insert(self, token_ids, slots) -> InsertResult:
+        """Hand the full pages of a request (after a chunk or at the end) to the tree (SPEC C-RELOAD).
+
+        Page i of the request must be one whole page: ``slots[i*P : (i+1)*P] == p*P + 0 .. P-1``. A page
+        whose prefix the tree already holds on device is a duplicate: the caller's page is freed to the
+        allocator and the tree's kept (switch ``req_to_token`` to ``result.slots``). A host-only page takes
+        the caller's page (its host copy is dropped if the lane differs). See the ownership contract.
+
+        Args:
+            token_ids: ``[num_tokens]`` integer token ids of the request so far.
+            slots: ``[num_tokens]`` integer slots of those tokens (the ``req_to_token`` row).
+
+        Returns:
+            ``InsertResult`` for the ``num_tokens // P`` full pages.
+
+        Raises:
+            PrefixCacheError: mismatched lengths, a page that is not whole, page 0, a free page, a page
+                listed twice, or a page the tree holds at another position. Nothing changes.
+        """
+        P = self.page_size
+        tokens = self._tokens(token_ids)
+        slots = self._int_array("slots", slots)
+        if slots.shape[0] != tokens.shape[0]:
+            raise PrefixCacheError(f"slots has {slots.shape[0]} entries but token_ids has {tokens.shape[0]}")
+        k = tokens.shape[0] // P
+        pages = self._whole_pages(slots[: k * P].reshape(k, P))
+        path = self.tree.walk(tokens, k)
+        matched = sum(m for _, m in path)
+        same = np.zeros(k, dtype=bool)
+        same[:matched] = _concat([n.vals[:m, PAGE] for n, m in path]) == pages[:matched]
+        bad = np.flatnonzero(self._in_tree[pages] & ~same)
+        if bad.size:  # validated fully; nothing changed yet
+            i = int(bad[0])
+            raise PrefixCacheError(f"page {int(pages[i])} (token {i * P}) is already cached at another position")
+        if path and path[-1][1] < path[-1][0].num_pages:
+            path[-1] = (self.tree.split(*path[-1]), path[-1][1])
+        nodes, dup, new, pos = [], [], 0, 0
+        for node, m in path:
+            seg = pages[pos : pos + m]
+            if node.dev:
+                dup.append(seg[~same[pos : pos + m]])
+            else:
+                self._refill(node, seg)
+                new += m
+            nodes.append(node)
+            pos += m
+        if matched < k:
+            vals = np.stack([pages[matched:], pages[matched:] % self.cp_size, np.full(k - matched, -1, _I64)], 1)
+            leaf = self.tree.add_leaf(nodes[-1] if nodes else self.tree.root, tokens[matched * P : k * P], vals)
+            self._set_device(leaf, leaf.vals[:, PAGE])
+            nodes.append(leaf)
+            new += k - matched
+        dup_pages = _concat(dup)
+        if dup_pages.shape[0]:
+            self.allocator.free(dup_pages)
+        self._n["inserted_pages"] += new
+        self._n["duplicate_pages"] += dup_pages.shape[0]
+        self._epoch += 1
+        self._touch(nodes)
+        handle = self.tree.handle(nodes[-1], k, nodes[-1].gen) if nodes else self._root_handle
+        return InsertResult(_concat([n.vals[:, PAGE] for n in nodes]), dup_pages, new, P, handle)
+
+    def evict(self, lane: int, num_pages: int) -> int:
+        """Free at least ``num_pages`` unlocked pages of ``lane``, least recently used first (C-RELOAD).
+
+        Evicting a page evicts its device descendants too (other lanes' pages among them are counted in
+        ``evicted_collateral_pages``). With a host tier each evicted page is written back to its owner
+        lane's host shard, dropping the shard's least recently used copies that no load-back pins and this
+        call did not evict; a page that finds no room is dropped with everything below it. Locked pages are
+        never evicted (C-LOCK). All freed pages go to the allocator in one ``free`` call.
+
+        Returns:
+            pages of ``lane`` freed (less than ``num_pages`` when too few are unlocked).
+
+        Raises:
+            PrefixCacheError: ``lane`` out of range or ``num_pages`` negative. An exception of
+                ``backup_fn`` propagates after the call is undone (every page stays on device).
+        """
+        lane = self._check_lane(lane)
+        if isinstance(num_pages, bool) or not hasattr(num_pages, "__index__") or int(num_pages) < 0:
+            raise PrefixCacheError(f"num_pages={num_pages!r} must be an integer >= 0")
+        num_pages = int(num_pages)
+        steps: list[list[CacheNode]] = []
+        freed, taken = 0, np.zeros(self.cp_size, dtype=_I64)  # [C] pages taken off the device
+        while freed < num_pages:
+            node = self._pop(lane)
+            if node is None:
+                break
+            step = self.tree.preorder(node, _on_device)  # node, then its device subtree (unlocked)
+            need = num_pages - freed - sum(int(self._counts(n)[lane]) for n in step[1:])
+            lanes = node.vals[:, LANE]
+            idx = np.flatnonzero(lanes == lane)
+            if need <= 0:  # its subtree is enough (not when stamps follow the tree): keep the run itself
+                step = step[1:]
+                self._requeue(node)
+            elif idx[max(idx.shape[0] - need, 0)] > 0:  # cut at the need-th lane page from the bottom
+                self.tree.split(node, int(idx[max(idx.shape[0] - need, 0)]))
+            for n in step:
+                freed += self._take(n, lane, taken)
+            steps.append(step)
+        if steps:
+            self._account(taken, lane, 1)
+            order = [n for step in reversed(steps) for n in step]  # ancestors first
+            pages = _concat([n.vals[:, PAGE] for n in order])
+            if self.host.capacity.any():
+                try:
+                    write_back(self, order)
+                except BaseException:
+                    self._account(taken, lane, -1)
+                    for n in order:
+                        self._untake(n)
+                    raise
+            else:
+                for n in order:
+                    if n.attached:
+                        self.tree.detach(n)
+            self.allocator.free(pages)
+            self._epoch += 1
+        return freed
+
+    def load_back(self, match: PrefixMatch) -> PrefixMatch:
+        """Bring the host-only part of ``match`` back to device on its recorded owner lanes (C-RELOAD).
+
+        Lanes short of free pages are evicted on (``evict(lane, shortfall)``) and checked once more; the
+        prefix is cut at the first page that still does not fit, counting
+        ``load_back_owner_lane_capacity_failed``, and the request recomputes the rest. Never waits.
+
+        Args:
+            match: a ``PrefixMatch`` from this cache with no change of pages since (``match_prefix``).
+
+        Returns:
+            ``PrefixMatch`` of the usable prefix, all on device (``host_lanes`` empty); the loaded pages
+            belong to the tree (lock the new handle to use them).
+
+        Raises:
+            PrefixCacheError: a stale match or a match of another cache. An exception of ``restore_fn``
+                propagates; the pages restored before it stay loaded, the others go back to the allocator.
+        """
+        if not isinstance(match, PrefixMatch) or match._epoch != self._epoch:
+            raise PrefixCacheError("match is stale (the cache changed since match_prefix); match again")
+        if match._host_end is None:
+            return match
+        end, depth = self.tree.resolve(match._host_end)  # a match of another cache raises here
+        if depth < end.end:
+            end = self.tree.split(end, depth - end.start)
+        first = match.device_pages.shape[0]
+        nodes, n = [], end
+        while n.start >= first and n.parent is not None:
+            nodes.append(n)
+            n = n.parent
+        lanes = match.host_lanes
+        self._pin(end, 1)  # pins the device prefix and the host copies being loaded
+        try:
+            need = np.bincount(lanes, minlength=self.cp_size)
+            for r in np.flatnonzero(need).tolist():  # re-read: evicting a lane may free others (collateral)
+                short = int(need[r] - self.allocator.free_pages_per_lane()[r])
+                if short > 0:
+                    self.evict(r, short)
+            free = self.allocator.free_pages_per_lane()
+            fits = _rank_within_lane(lanes) < free[lanes]  # page i fits if its lane has room for it
+            j = int(lanes.shape[0]) if fits.all() else int(np.argmin(fits))
+            pages = self.allocator.alloc_pages(lanes[:j])
+            last = self._fill(nodes[::-1], pages)
+        finally:
+            self._pin(end, -1)
+        if j < lanes.shape[0]:
+            self._n["load_back_owner_lane_capacity_failed"] += 1
+            self._n["load_back_failed_pages"] += int(lanes.shape[0]) - j
+        self._epoch += 1
+        if last is None:
+            node, handle = self._touch_to(*self.tree.resolve(match.handle)), match.handle
+        else:
+            node, handle = last, self.tree.handle(last, first + j, last.gen)
+        self._touch(self.tree.path(node))  # the whole path, so ancestors stay newer than descendants
+        return PrefixMatch(np.concatenate([match.device_pages, pages]), _EMPTY, self.page_size, handle, None,
+                           self._epoch)  # fmt: skip
+
+    # ------------------------------------------------------------------------------------- private
+    def _tokens(self, token_ids) -> np.ndarray:
+        return np.ascontiguousarray(self._int_array("token_ids", token_ids), dtype=_I64)
+
+    @staticmethod
+    def _int_array(name: str, values) -> np.ndarray:
+        try:
+            return _as_int_array(name, values, None)
+        except PlanError as e:
+            raise PrefixCacheError(str(e)) from None
+
+    def _whole_pages(self, full: np.ndarray) -> np.ndarray:
+        """Page ids of ``[k, P]`` slot rows, checking each row is one whole, held, distinct page."""
+        P = self.page_size
+        pages = full[:, 0] // P
+        whole = (pages * P)[:, None] + np.arange(P, dtype=_I64)  # [k, P] the slots of whole pages
+        if not np.array_equal(full, whole):
+            i = int(np.flatnonzero((full != whole).any(axis=1))[0])
+            raise PrefixCacheError(f"slots of page {i} (tokens {i * P}..{i * P + P - 1}) are not one whole "
+                                   f"page: {full[i, :8].tolist()}...")  # fmt: skip
+        if not pages.size:
+            return pages
+        if pages.min() <= 0 or pages.max() >= self.allocator.num_pages:
+            bad = pages[(pages <= 0) | (pages >= self.allocator.num_pages)]
+            raise PrefixCacheError(f"page {int(bad[0])} cannot be cached (page 0 or out of range)")
+        C, lane_pages = self.cp_size, self.allocator.lane_pages
+        if lane_pages.min() != lane_pages.max():  # unequal lanes: a page id below C * max(Q) may not exist
+            bad = pages[pages // C >= lane_pages[pages % C]]
+            if bad.size:
+                p = int(bad[0])
+                raise PrefixCacheError(f"page {p} does not exist: lane {p % C} holds {int(lane_pages[p % C])} pages")
+        bad = pages[self.allocator.is_free(pages)]
+        if bad.size:
+            raise PrefixCacheError(f"page {int(bad[0])} is free in the allocator: insert only pages you hold")
+        ordered = np.sort(pages)
+        twice = ordered[1:][ordered[1:] == ordered[:-1]]
+        if twice.size:
+            raise PrefixCacheError(f"page {int(twice[0])} is listed more than once")
+        return pages
+
+    def _check_lane(self, lane) -> int:
+        if isinstance(lane, bool) or not hasattr(lane, "__index__") or not 0 <= int(lane) < self.cp_size:
+            raise PrefixCacheError(f"lane={lane!r} out of range [0, {self.cp_size})")
+        return int(lane)
+
+    def _resolve(self, handle) -> tuple[CacheNode, int]:
+        """The live run holding a handle's last page, or PrefixCacheError for a stale handle."""
+        node, depth = self.tree.resolve(handle)
+        if depth and (not node.dev or node.gen != handle.gen):  # type: ignore[attr-defined]
+            raise PrefixCacheError(f"stale handle: the pages of its {depth}-page prefix were evicted since it "
+                                   "was returned; call match_prefix again")  # fmt: skip
+        return node, depth  # type: ignore[return-value]
+
+    def _memo(self, node: CacheNode) -> tuple:
+        """``(pages per lane int64 [C], lanes present)`` of a run, memoised until the run splits."""
+        memo = node.memo
+        if memo is None:
+            c = np.bincount(node.vals[:, LANE], minlength=self.cp_size)
+            memo = node.memo = (c, c.nonzero()[0].tolist())
+        return memo
+
+    def _counts(self, node: CacheNode) -> np.ndarray:
+        """Pages per lane of a run, int64 ``[C]``."""
+        return (node.memo or self._memo(node))[0]
+
+    def _on_split(self, upper: CacheNode, lower: CacheNode) -> None:  # type: ignore[override]
+        upper.dev, upper.gen, upper.in_batch = lower.dev, lower.gen, lower.in_batch
+        lower.memo = None
+        if self._host_loc:
+            keys = upper.vals[:, HKEY]
+            for key in keys[keys >= 0].tolist():
+                self._host_loc[key] = upper
+        self._pending.append(upper)
+
+    # LRU stamps and the per-lane eviction heaps ------------------------------------------------------
+    def _stamp(self, nodes: list) -> None:
+        s = self.tree.tick()
+        for n in nodes:
+            n.stamp = s
+        self._pending.extend(nodes)
+
+    def _touch(self, nodes: list) -> None:
+        """Most recently used: the nodes (one stamp) and their host copies, deepest first."""
+        self._stamp(nodes)
+        if self._host_loc:
+            for n in reversed(nodes):
+                keys, lanes = n.vals[:, HKEY], n.vals[:, LANE]
+                for i in np.flatnonzero(keys >= 0)[::-1].tolist():
+                    self.host.touch(int(keys[i]), int(lanes[i]))
+
+    def _touch_to(self, node: CacheNode, depth: int) -> CacheNode:
+        return self.tree.split(node, depth - node.start) if depth < node.end else node
+
+    def _requeue(self, node: CacheNode) -> None:
+        node.pushed = -1
+        self._pending.append(node)
+
+    def _flush(self) -> None:
+        """Push the stamped unlocked device runs on the heaps of the lanes they hold."""
+        heaps = self._heaps
+        for n in self._pending:
+            if n.dev and n.lock_ref == 0 and n.attached and n.pushed != n.stamp:
+                n.pushed = n.stamp
+                entry = (n.stamp, -n.end, n.nid, n)
+                for r in (n.memo or self._memo(n))[1]:
+                    heapq.heappush(heaps[r], entry)
+        self._pending.clear()
+        for r, heap in enumerate(heaps):
+            if len(heap) > self._heap_cap[r]:  # drop stale entries (amortised O(1) per push)
+                heap[:] = [e for e in heap if self._valid(e, r)]
+                heapq.heapify(heap)
+                self._heap_cap[r] = 2 * len(heap) + 1024
+
+    def _valid(self, entry: tuple, lane: int) -> bool:
+        """Whether a heap entry still names an unlocked device run holding ``lane`` pages, at its stamp."""
+        n = entry[3]
+        return (n.stamp == entry[0] == n.pushed and n.dev and n.lock_ref == 0 and n.attached
+                and (n.memo or self._memo(n))[0][lane] > 0)  # fmt: skip
+
+    def _pop(self, lane: int) -> CacheNode | None:
+        """The unlocked device run holding ``lane``'s least recently used page (oldest stamp, deepest)."""
+        self._flush()
+        heap = self._heaps[lane]
+        while heap:
+            entry = heapq.heappop(heap)
+            if self._valid(entry, lane):
+                return entry[3]
+        return None
+
+    # page accounting ----------------------------------------------------------------------------------
+    def _take(self, n: CacheNode, lane: int, taken: np.ndarray) -> int:
+        """Phase 1 of eviction: the run leaves the device (its pages are freed by ``evict``); adds its
+        pages per lane to ``taken`` and returns those of ``lane``."""
+        c = self._counts(n)
+        taken += c
+        self._in_tree[n.vals[:, PAGE]] = False
+        n.dev, n.in_batch = False, True
+        n.gen += 1
+        return int(c[lane])
+
+    def _untake(self, n: CacheNode) -> None:
+        """Undo ``_take`` (a failing ``backup_fn``): the run is on device again, unlocked, most recent."""
+        self._in_tree[n.vals[:, PAGE]] = True
+        n.dev, n.in_batch = True, False
+        n.gen -= 1
+        self._requeue(n)
+
+    def _account(self, taken: np.ndarray, lane: int, sign: int) -> None:
+        """Counters of one ``evict`` call (``sign`` -1 undoes them): ``taken`` int64 ``[C]`` pages evicted
+        per lane, all unlocked; those not of ``lane`` are collateral."""
+        self._cached -= sign * taken
+        self._evictable -= sign * taken
+        self._evicted += sign * taken
+        self._collateral += sign * taken
+        self._collateral[lane] -= sign * taken[lane]
+
+    def _set_device(self, n: CacheNode, pages: np.ndarray) -> None:
+        """Put device pages under run ``n`` (a new run, a refilled or a loaded-back one)."""
+        n.vals[:, PAGE] = pages
+        n.dev = True
+        self._in_tree[pages] = True
+        c = self._counts(n)
+        self._cached += c
+        if n.lock_ref == 0:
+            self._evictable += c
+
+    def _refill(self, n: CacheNode, pages: np.ndarray) -> None:
+        """A host-only run takes the caller's pages; a copy whose lane differs from the page's is dropped."""
+        lanes = pages % self.cp_size
+        keys = n.vals[:, HKEY]
+        for i in np.flatnonzero((keys >= 0) & (lanes != n.vals[:, LANE])).tolist():
+            self.host.pop(int(keys[i]), int(n.vals[i, LANE]))
+            del self._host_loc[int(keys[i])]
+            keys[i] = -1
+            self._n["host_dropped"] += 1
+        n.vals[:, LANE] = lanes
+        n.memo = None
+        self._set_device(n, pages)
+
+    def _pin(self, node: CacheNode, delta: int) -> None:
+        """A lock without a handle on the path to ``node`` (load-back pins what it works on)."""
+        crossed = self.tree.adjust(node, delta)
+        if delta < 0 and crossed:
+            self._stamp(crossed)
+        for n in crossed:
+            if n.dev:  # type: ignore[attr-defined]
+                if delta > 0:
+                    self._evictable -= self._counts(n)  # type: ignore[arg-type]
+                else:
+                    self._evictable += self._counts(n)  # type: ignore[arg-type]
+
+    def _fill(self, nodes: list[CacheNode], pages: np.ndarray) -> CacheNode | None:
+        """Load-back: restore ``pages`` (allocated on the recorded lanes) into the host-only runs ``nodes``
+        (root side first); returns the last run loaded. A failing ``restore_fn`` keeps the pages restored
+        before it and frees the rest."""
+        done, last, j = 0, None, pages.shape[0]
+        try:
+            for n in nodes:
+                if done == j:
+                    break
+                take = min(n.num_pages, j - done)
+                if take < n.num_pages:
+                    n = self.tree.split(n, take)
+                seg = pages[done : done + take]
+                if self.restore_fn is not None:
+                    for i, (key, lane) in enumerate(zip(n.vals[:, HKEY].tolist(), n.vals[:, LANE].tolist(), strict=True)):
+                        try:
+                            self.restore_fn(int(seg[i]), self.host.get(key, lane))
+                        except BaseException:
+                            if i:
+                                part = self.tree.split(n, i)
+                                self._set_device(part, seg[:i])
+                                self._n["load_backs"] += i
+                                done += i
+                            raise
+                self._set_device(n, seg)
+                self._n["load_backs"] += take
+                done += take
+                last = n
+        except BaseException:
+            self.allocator.free(pages[done:])  # a failing restore_fn leaks nothing
+            self._epoch += 1
+            raise
+        return last
+
+    def new_host_key(self) -> int:
+        """A fresh host-copy id (0, 1, 2, ... in write order: equal on every rank that replays the calls)."""
+        self._next_key += 1
+        return self._next_key - 1
+
+
+def _on_device(n) -> bool:
+    return n.dev
+
+
+def _concat(parts: list) -> np.ndarray:
+    """One int64 array of the parts (a copy, never a view of the tree); empty for no parts."""
+    return np.concatenate(parts).astype(_I64, copy=False) if parts else _EMPTY
+
+
+def _rank_within_lane(lanes: np.ndarray) -> np.ndarray:
+    """Index of each entry among the earlier entries of the same lane: ``[2,0,2,2,0] -> [0,0,1,2,1]``."""
+    ones = np.ones_like(lanes)
+    return offsets_within_key(lanes, ones, np.bincount(lanes, minlength=int(lanes.max(initial=-1)) + 1))

@@ -1,0 +1,265 @@
+"""Radix tree of page runs: match, insert, split, per-handle lock counts (SPEC section 8, C-LOCK).
+
+A node holds a **run** of whole pages: ``tokens`` (int64 ``[num_pages * P]``, the token ids of its pages)
+and ``vals`` (int64 ``[num_pages, F]``, F opaque per-page integers of the tree's user; the prefix cache
+keeps page id, owner lane and host key there). A node's pages follow its parent's last page; children are
+keyed by the bytes of their first page's P token ids, so a match is always a whole number of pages.
+Runs split when a key diverges inside them, when a lock or touch ends inside them, or when their lower
+pages leave (partial eviction). This module knows nothing of owners, lanes or host copies.
+
+**Split keeps the lower part.** ``split(node, at)`` makes a *new* node for the upper pages ``[0, at)`` and
+keeps the original object for the lower pages, so every reference to a node (a handle, an LRU entry) still
+names the same last page. Depths are absolute page counts from the root (``node.start .. node.end``) and
+never change for a page; a node's ``end`` never changes at all.
+
+**Handles.** A ``Handle`` names the page-aligned prefix ``[0, depth)`` through a node that held page
+``depth - 1`` when the handle was made; ``resolve`` walks up to the node that holds it now (an upper part
+split off since). Locks are counted per handle: ``lock`` splits the node so that the handle ends at a node
+end and adds one to that node's ``own_locks``; ``lock_ref`` (locks at or below a node) goes up along the
+path. ``unlock`` needs ``own_locks > 0`` at exactly that end, so an unlock through another handle (an
+ancestor's, a never-locked one) raises ``PrefixCacheError`` and changes nothing; no count goes negative.
+Example (P=4, one run [A, B]): handle b = depth 2, handle a = depth 1. ``lock(b)``: own_locks of [A, B] is
+1 and lock_ref 1; ``unlock(a)`` resolves to [A, B] whose end is 2, not 1: raises. After a split at 1 the
+nodes are [A] (lock_ref 1, own 0) and [B] (lock_ref 1, own 1): ``unlock(a)`` still raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from ..errors import PrefixCacheError
+
+_I64 = np.int64
+
+
+class RadixNode:
+    """A run of whole pages (see the module doc). Attributes are read by the tree's user, set by the tree.
+
+    Attributes:
+        parent: the node whose last page precedes this run (None for the root).
+        children: first-page key (bytes of P int64 token ids) -> child, in insertion order.
+        tokens: int64 ``[num_pages * P]`` token ids. vals: int64 ``[num_pages, F]`` per-page values.
+        start: depth of the first page (pages from the root); ``end = start + num_pages``.
+        lock_ref: locks held through this node or a descendant. own_locks: locks whose handle ends here.
+        stamp: last-use stamp (``RadixTree.tick``). attached: False once removed from the tree.
+    """
+
+    __slots__ = ("parent", "children", "tokens", "vals", "start", "lock_ref", "own_locks", "stamp", "attached",
+                 "nid")  # fmt: skip
+
+    def __init__(self, parent: RadixNode | None, tokens: np.ndarray, vals: np.ndarray, start: int, nid: int):
+        self.parent = parent
+        self.children: dict[bytes, RadixNode] = {}
+        self.tokens = tokens  # [num_pages * P] int64
+        self.vals = vals  # [num_pages, F] int64
+        self.start = start
+        self.lock_ref = 0
+        self.own_locks = 0
+        self.stamp = 0
+        self.attached = True
+        self.nid = nid  # creation number, unique in the tree (a deterministic tie-breaker)
+
+    @property
+    def num_pages(self) -> int:
+        """Pages in the run."""
+        return self.vals.shape[0]
+
+    @property
+    def end(self) -> int:
+        """Depth just past the last page (pages from the root)."""
+        return self.start + self.vals.shape[0]
+
+
+class Handle:
+    """Opaque lock handle: the page-aligned prefix of ``depth`` pages (see the module doc). Immutable.
+
+    ``gen`` is the generation the tree's user gave the node when the handle was made (the prefix cache
+    bumps it whenever the pages leave the device, so an old handle never locks reloaded pages).
+    """
+
+    __slots__ = ("tree", "node", "depth", "gen")
+
+    def __init__(self, tree: RadixTree, node: RadixNode, depth: int, gen: int) -> None:
+        self.tree, self.node, self.depth, self.gen = tree, node, depth, gen
+
+    def __repr__(self) -> str:
+        return f"Handle(depth={self.depth} pages)"
+
+
+class RadixTree:
+    """Radix tree of page runs keyed by token ids at page granularity (SPEC section 8, C-LOCK).
+
+    Args:
+        page_size: P, tokens per page (>= 1).
+        num_fields: F, per-page int64 values stored in ``vals``.
+        node_factory: builds nodes (a ``RadixNode`` subclass may add per-node state of the user).
+        on_split: called as ``on_split(upper, lower)`` after every split, to copy or remap user state.
+    """
+
+    def __init__(self, page_size: int, num_fields: int, node_factory: Callable[..., RadixNode] = RadixNode,
+                 on_split: Callable[[RadixNode, RadixNode], None] | None = None) -> None:
+        self.page_size = page_size
+        self.num_fields = num_fields
+        self._new = node_factory
+        self._on_split = on_split
+        self._nid = 0
+        self.clock = 0
+        self.num_nodes = 0  # live nodes, root excluded
+        self.nodes_created = 0
+        self.root = node_factory(None, np.zeros(0, _I64), np.zeros((0, num_fields), _I64), 0, 0)
+
+    # ---------------------------------------------------------------------------------------- queries
+    def walk(self, tokens: np.ndarray, num_pages: int) -> list[tuple[RadixNode, int]]:
+        """Longest match of the first ``num_pages`` pages of ``tokens`` (int64, contiguous).
+
+        Returns ``[(node, pages matched in node), ...]`` root side first; only the last entry can match
+        part of its node. One dict look-up and one vectorised compare per node, no per-page loop.
+        """
+        P = self.page_size
+        node, pos, path = self.root, 0, []
+        while pos < num_pages:
+            child = node.children.get(tokens[pos * P : (pos + 1) * P].tobytes())
+            if child is None:
+                break
+            m = min(child.num_pages, num_pages - pos)
+            if m > 1:  # the first page equals its key; compare the rest at once
+                a, b = child.tokens[P : m * P], tokens[(pos + 1) * P : (pos + m) * P]
+                if not np.array_equal(a, b):
+                    m = 1 + int(np.argmin(a == b)) // P
+            path.append((child, m))
+            pos += m
+            if m < child.num_pages:
+                break
+            node = child
+        return path
+
+    def path(self, node: RadixNode) -> list[RadixNode]:
+        """Nodes from the root's child down to ``node`` (empty for the root)."""
+        out = []
+        while node.parent is not None:
+            out.append(node)
+            node = node.parent
+        return out[::-1]
+
+    def preorder(self, node: RadixNode, keep: Callable[[RadixNode], bool] | None = None) -> list[RadixNode]:
+        """``node`` and its descendants, parents before children, children in insertion order; with
+        ``keep``, a node for which it is False is left out together with its subtree."""
+        out, stack = [], [node]
+        while stack:
+            n = stack.pop()
+            if keep is None or keep(n):
+                out.append(n)
+                stack.extend(reversed(n.children.values()))
+        return out
+
+    def nodes(self) -> Iterator[RadixNode]:
+        """Every live node but the root, parents before children."""
+        for n in self.preorder(self.root):
+            if n is not self.root:
+                yield n
+
+    # ---------------------------------------------------------------------------------------- updates
+    def tick(self) -> int:
+        """A new stamp, larger than every earlier one."""
+        self.clock += 1
+        return self.clock
+
+    def add_leaf(self, parent: RadixNode, tokens: np.ndarray, vals: np.ndarray) -> RadixNode:
+        """New child run of ``parent`` (``tokens`` int64 ``[k * P]``, ``vals`` int64 ``[k, F]``, k >= 1)."""
+        node = self._node(parent, tokens, vals, parent.end)
+        parent.children[tokens[: self.page_size].tobytes()] = node
+        return node
+
+    def split(self, node: RadixNode, at: int) -> RadixNode:
+        """Cut ``node`` after its first ``at`` pages (0 < at < num_pages); returns the new upper node.
+
+        The original object keeps the lower pages (see the module doc). The upper node takes the parent's
+        child slot (same key, same position), the stamp and the lock_ref; locks ending at ``node`` stay.
+        """
+        P = self.page_size
+        parent = node.parent
+        upper = self._node(parent, node.tokens[: at * P].copy(), node.vals[:at].copy(), node.start)
+        upper.stamp, upper.lock_ref = node.stamp, node.lock_ref
+        parent.children[upper.tokens[:P].tobytes()] = upper  # type: ignore[union-attr]
+        node.tokens, node.vals = node.tokens[at * P :].copy(), node.vals[at:].copy()
+        node.start += at
+        node.parent = upper
+        upper.children[node.tokens[:P].tobytes()] = node
+        if self._on_split is not None:
+            self._on_split(upper, node)
+        return upper
+
+    def detach(self, node: RadixNode) -> list[RadixNode]:
+        """Remove ``node`` and its subtree; returns them, parents first. They keep their ``parent`` link
+        (so a handle below a removed run still resolves to a live ancestor) but are no longer attached."""
+        del node.parent.children[node.tokens[: self.page_size].tobytes()]  # type: ignore[union-attr]
+        gone = self.preorder(node)
+        for n in gone:
+            n.attached = False
+        self.num_nodes -= len(gone)
+        return gone
+
+    # ---------------------------------------------------------------------------------------- handles
+    def handle(self, node: RadixNode, depth: int, gen: int) -> Handle:
+        """A handle of the prefix ``[0, depth)`` pages, held by ``node`` (``node.start < depth <= node.end``,
+        or the root with depth 0)."""
+        return Handle(self, node, depth, gen)
+
+    def resolve(self, handle: object) -> tuple[RadixNode, int]:
+        """``(node holding the handle's last page now, depth)``; the root for depth 0.
+
+        Raises:
+            PrefixCacheError: not a handle of this tree, or its pages were removed from the tree.
+        """
+        if not isinstance(handle, Handle):
+            raise PrefixCacheError(f"not a prefix-cache handle: {type(handle).__name__}")
+        if handle.tree is not self:
+            raise PrefixCacheError("handle belongs to another PrefixCache")
+        node, depth = handle.node, handle.depth
+        while node.start >= depth and node.parent is not None:  # an upper part split off since
+            node = node.parent
+        if not node.attached:
+            raise PrefixCacheError(f"stale handle: the pages of its {depth}-page prefix left the cache")
+        return node, depth
+
+    def lock(self, node: RadixNode, depth: int) -> tuple[RadixNode, list[RadixNode]]:
+        """Add one lock at ``depth`` (held by ``node``, from ``resolve``): split so that it ends at a node
+        end, count it there. Returns ``(that node, nodes whose lock_ref went from 0 to 1)``."""
+        if depth < node.end:
+            node = self.split(node, depth - node.start)
+        node.own_locks += 1
+        return node, self.adjust(node, 1)
+
+    def unlock(self, node: RadixNode, depth: int) -> list[RadixNode]:
+        """Remove one lock taken at exactly ``depth``; returns the nodes whose lock_ref went to 0.
+
+        Raises:
+            PrefixCacheError: no lock taken through this handle is outstanding (nothing changes).
+        """
+        if depth != node.end or node.own_locks == 0:
+            raise PrefixCacheError(f"unlock without lock: no lock taken through this {depth}-page handle "
+                                   "is outstanding (unlock the handle you locked)")  # fmt: skip
+        node.own_locks -= 1
+        return self.adjust(node, -1)
+
+    def adjust(self, node: RadixNode, delta: int) -> list[RadixNode]:
+        """Add ``delta`` (+1 or -1) to ``lock_ref`` from ``node`` up to the root (a pin without a handle
+        when called directly); returns the nodes that crossed zero (deepest first), root excluded."""
+        crossed = []
+        while node.parent is not None:
+            before = node.lock_ref
+            node.lock_ref = before + delta
+            if before == 0 or node.lock_ref == 0:
+                crossed.append(node)
+            node = node.parent
+        node.lock_ref += delta
+        return crossed
+
+    # ---------------------------------------------------------------------------------------- private
+    def _node(self, parent: RadixNode | None, tokens: np.ndarray, vals: np.ndarray, start: int) -> RadixNode:
+        self._nid += 1
+        self.num_nodes += 1
+        self.nodes_created += 1
+        return self._new(parent, tokens, vals, start, self._nid)

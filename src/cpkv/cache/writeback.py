@@ -1,0 +1,128 @@
+"""Write-back of evicted runs to the host tier (SPEC section 8, C-RELOAD).
+
+``PrefixCache.evict`` first chooses the runs to evict and takes them off the device; ``write_back``
+then decides, page by page over those runs ancestors first (each run top-down), what becomes of them:
+- a page below a page dropped in this call is dropped too (with its old copy, if any);
+- a page that already has a host copy keeps it and becomes host-only;
+- otherwise its owner lane's shard takes a new copy: at once if it has room, else after dropping the
+  shard's least recently used copy that no load-back pins and that is not of a page this call evicts
+  (a copy of a device page just goes; a host-only page goes with everything below it). A shard that
+  cannot make room drops the page, and everything below it, instead.
+
+Ancestors first, so a copy is never written for a page that the same call then drops (the per-page tree
+of cpkv 0.1 wrote pages back deepest first and could drop a copy it had just written). The decisions are
+made without changing anything, then ``backup_fn`` runs for every new copy, and only then does the cache
+change: an exception of ``backup_fn`` leaves host tier and tree as they were (``evict`` puts the runs
+back on device). Columns of a run's ``vals`` (int64 ``[num_pages, 3]``): PAGE, LANE, HKEY.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PAGE, LANE, HKEY = 0, 1, 2  # device page id (-1 host-only), owner lane, host copy id (-1 none)
+
+
+def write_back(cache, order: list) -> None:
+    """Write back (or drop) the pages of ``order``: the runs one ``evict`` call took off the device,
+    ancestors first, their pages still in ``vals`` (``cache.evict`` frees them afterwards).
+
+    Raises:
+        Whatever ``cache.backup_fn`` raises, before any change.
+    """
+    writes, victims, cuts = _decide(cache, order)
+    fn = cache.backup_fn
+    payloads = [fn(int(n.vals[i, PAGE])) if fn is not None else None for n, i in writes]
+    counters = cache._n
+    for key in victims:  # room first: every shard stays within its capacity
+        node = cache._host_loc[key]
+        j = int(np.flatnonzero(node.vals[:, HKEY] == key)[0])
+        counters["host_evictions"] += 1
+        if node.dev:
+            cache.host.pop(key, int(node.vals[j, LANE]))
+            del cache._host_loc[key]
+            node.vals[j, HKEY] = -1
+        else:
+            counters["host_dropped"] += _drop_from(cache, node, j) - 1
+    for (n, i), payload in zip(writes, payloads, strict=True):
+        key = cache.new_host_key()
+        cache.host.put(key, int(n.vals[i, LANE]), payload)
+        n.vals[i, HKEY] = key
+        cache._host_loc[key] = n
+    counters["backups"] += len(writes)
+    for n in order:
+        if not n.attached:  # below a dropped page
+            continue
+        n.in_batch = False
+        n.vals[:, PAGE] = -1
+        if n in cuts:
+            counters["host_dropped"] += _drop_from(cache, n, cuts[n])
+
+
+def _decide(cache, order: list) -> tuple[list, list, dict]:
+    """``(writes, victims, cuts)``: new copies as ``(run, page index)`` in write order, the keys of the
+    copies dropped to make room (in order), and ``run -> index`` of the first page each run drops."""
+    count = cache.host.count_per_lane()  # [C] copies per shard as the decisions go
+    cap = cache.host.capacity
+    gone: set = set()  # keys of the copies the decisions drop
+    lru: dict = {}  # lane -> iterator over its keys, least recently used first
+    writes, victims, cuts, dead = [], [], {}, set()
+    for n in order:
+        if n.parent in dead or n.parent in cuts:
+            dead.add(n)
+            continue
+        for i, (key, r) in enumerate(zip(n.vals[:, HKEY].tolist(), n.vals[:, LANE].tolist(), strict=True)):
+            if key >= 0:
+                continue
+            if count[r] >= cap[r] and not _victim(cache, r, lru, gone, count, victims):
+                cuts[n] = i
+                _forget(cache, n, i, gone, count)
+                break
+            count[r] += 1
+            writes.append((n, i))
+    return writes, victims, cuts
+
+
+def _victim(cache, lane: int, lru: dict, gone: set, count: np.ndarray, victims: list) -> bool:
+    """Choose the copy ``lane``'s shard drops to make room; False when every copy is pinned or evicted
+    by this call. A key passed over stays ineligible for the whole call, so each shard is scanned once."""
+    keys = lru.get(lane)
+    if keys is None:
+        keys = lru[lane] = iter(cache.host.lru_keys(lane))
+    for key in keys:
+        node = cache._host_loc[key]
+        if key in gone or node.in_batch or (not node.dev and node.lock_ref > 0):
+            continue
+        victims.append(key)
+        if node.dev:
+            gone.add(key)
+            count[lane] -= 1
+        else:
+            _forget(cache, node, int(np.flatnonzero(node.vals[:, HKEY] == key)[0]), gone, count)
+        return True
+    return False
+
+
+def _forget(cache, node, j: int, gone: set, count: np.ndarray) -> None:
+    """Count as dropped every copy of ``node``'s pages from ``j`` on and of its subtree."""
+    for k, n in enumerate(cache.tree.preorder(node)):
+        rows = n.vals[j if k == 0 else 0 :]
+        for key, lane in rows[rows[:, HKEY] >= 0][:, [HKEY, LANE]].tolist():
+            if key not in gone:
+                gone.add(key)
+                count[lane] -= 1
+
+
+def _drop_from(cache, node, j: int) -> int:
+    """Remove ``node``'s pages from ``j`` on and its subtree (no device page among them), with their
+    host copies; returns the copies dropped."""
+    if j:
+        cache.tree.split(node, j)
+    dropped = 0
+    for n in cache.tree.detach(node):
+        rows = n.vals[n.vals[:, HKEY] >= 0]
+        for key, lane in rows[:, [HKEY, LANE]].tolist():
+            cache.host.pop(key, lane)
+            del cache._host_loc[key]
+            dropped += 1
+    return dropped
