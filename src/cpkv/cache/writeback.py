@@ -30,62 +30,67 @@ def write_back(cache, order: list) -> None:
     Raises:
         Whatever ``cache.backup_fn`` raises, before any change.
     """
-    writes, victims, cuts = _decide(cache, order)
+    actions, writes = _decide(cache, order)
     fn = cache.backup_fn
-    payloads = [fn(int(n.vals[i, PAGE])) if fn is not None else None for n, i in writes]
-    counters = cache._n
-    for key in victims:  # room first: every shard stays within its capacity
-        node = cache._host_loc[key]
-        j = int(np.flatnonzero(node.vals[:, HKEY] == key)[0])
-        counters["host_evictions"] += 1
-        if node.dev:
-            cache.host.pop(key, int(node.vals[j, LANE]))
-            del cache._host_loc[key]
-            node.vals[j, HKEY] = -1
-        else:
-            counters["host_dropped"] += _drop_from(cache, node, j) - 1
-    for (n, i), payload in zip(writes, payloads, strict=True):
-        key = cache.new_host_key()
-        cache.host.put(key, int(n.vals[i, LANE]), payload)
-        n.vals[i, HKEY] = key
-        cache._host_loc[key] = n
-    counters["backups"] += len(writes)
-    for n in order:
-        if not n.attached:  # below a dropped page
-            continue
-        n.in_batch = False
+    payloads = iter([fn(int(n.vals[i, PAGE])) if fn is not None else None for n, i in writes])
+    for n in order:  # from here on nothing raises
         n.vals[:, PAGE] = -1
-        if n in cuts:
-            counters["host_dropped"] += _drop_from(cache, n, cuts[n])
+        n.in_batch = False
+    counters = cache._n
+    for kind, n, i in actions:  # in the order decided: room freed by a drop is used by later copies
+        if kind == "write":
+            key = cache.new_host_key()
+            cache.host.put(key, int(n.vals[i, LANE]), next(payloads))
+            n.vals[i, HKEY] = key
+            cache._host_loc[key] = n
+            counters["backups"] += 1
+        elif kind == "cut":
+            counters["host_dropped"] += _drop_from(cache, n, i)
+        else:  # a victim: i is its key
+            node = cache._host_loc[i]
+            j = int(np.flatnonzero(node.vals[:, HKEY] == i)[0])
+            counters["host_evictions"] += 1
+            if node.dev:
+                cache.host.pop(i, int(node.vals[j, LANE]))
+                del cache._host_loc[i]
+                node.vals[j, HKEY] = -1
+            else:
+                counters["host_dropped"] += _drop_from(cache, node, j) - 1
 
 
-def _decide(cache, order: list) -> tuple[list, list, dict]:
-    """``(writes, victims, cuts)``: new copies as ``(run, page index)`` in write order, the keys of the
-    copies dropped to make room (in order), and ``run -> index`` of the first page each run drops."""
+def _decide(cache, order: list) -> tuple[list, list]:
+    """``(actions, writes)``: what to do, in order, as ``("write", run, page index)``, ``("victim",
+    None, key)`` (a copy dropped to make room) and ``("cut", run, page index)`` (the run's pages from
+    there on, and its subtree, are dropped); ``writes`` lists the new copies alone."""
     count = cache.host.count_per_lane()  # [C] copies per shard as the decisions go
     cap = cache.host.capacity
     gone: set = set()  # keys of the copies the decisions drop
     lru: dict = {}  # lane -> iterator over its keys, least recently used first
-    writes, victims, cuts, dead = [], [], {}, set()
+    actions, writes, dead = [], [], set()
     for n in order:
-        if n.parent in dead or n.parent in cuts:
+        if n.parent in dead:
             dead.add(n)
             continue
         for i, (key, r) in enumerate(zip(n.vals[:, HKEY].tolist(), n.vals[:, LANE].tolist(), strict=True)):
             if key >= 0:
                 continue
-            if count[r] >= cap[r] and not _victim(cache, r, lru, gone, count, victims):
-                cuts[n] = i
-                _forget(cache, n, i, gone, count)
-                break
+            if count[r] >= cap[r]:
+                victim = _victim(cache, r, lru, gone, count)
+                if victim is None:
+                    actions.append(("cut", n, i))
+                    _forget(cache, n, i, gone, count)
+                    dead.add(n)  # its children are below the cut
+                    break
+                actions.append(("victim", None, victim))
             count[r] += 1
+            actions.append(("write", n, i))
             writes.append((n, i))
-    return writes, victims, cuts
+    return actions, writes
 
 
-def _victim(cache, lane: int, lru: dict, gone: set, count: np.ndarray, victims: list) -> bool:
-    """Choose the copy ``lane``'s shard drops to make room; False when every copy is pinned or evicted
-    by this call. A key passed over stays ineligible for the whole call, so each shard is scanned once."""
+def _victim(cache, lane: int, lru: dict, gone: set, count: np.ndarray):
+    """The key of the copy ``lane``'s shard drops to make room, or None when every copy is pinned or
+    evicted by this call. A key passed over stays ineligible for the whole call: one scan per shard."""
     keys = lru.get(lane)
     if keys is None:
         keys = lru[lane] = iter(cache.host.lru_keys(lane))
@@ -93,14 +98,13 @@ def _victim(cache, lane: int, lru: dict, gone: set, count: np.ndarray, victims: 
         node = cache._host_loc[key]
         if key in gone or node.in_batch or (not node.dev and node.lock_ref > 0):
             continue
-        victims.append(key)
         if node.dev:
             gone.add(key)
             count[lane] -= 1
         else:
             _forget(cache, node, int(np.flatnonzero(node.vals[:, HKEY] == key)[0]), gone, count)
-        return True
-    return False
+        return key
+    return None
 
 
 def _forget(cache, node, j: int, gone: set, count: np.ndarray) -> None:

@@ -155,8 +155,11 @@ class Differential(RuleBasedStateMachine):
             assert self.unlock(j)
         elif self.handles:
             j = i % len(self.handles)
-            if self.unlock(j):  # handles of the same prefix and generation are the same handle
-                self.held.remove(next(k for k in self.held if self.handles[k][1] == self.handles[j][1]))
+            same = [k for k in self.held if self.handles[k][1] == self.handles[j][1]]  # the same handle
+            if not same and any(self.handles[hr][1] == self.handles[j][1] for _, hr, _ in self.running):
+                return  # only a running request's lock is held through it: that request releases it
+            if self.unlock(j):
+                self.held.remove(same[0])
 
     # -------------------------------------------------------------------------------- invariants
     @invariant()

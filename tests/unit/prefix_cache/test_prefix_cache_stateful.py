@@ -11,6 +11,15 @@ Checked after every step: every usable page is free, in the tree or held by a re
 host copies are exactly the tree's host entries (never orphaned) and within capacity; lock counts and
 the per-lane queries agree with the tree; locked prefixes are intact; counters add up. Every match is
 page aligned, never past an inserted prefix, has the right contents, and reports recorded lanes.
+
+C-LOCK: every handle the cache returns (matches, probes inside runs, inserts, load-backs) joins a pool;
+random rules lock and unlock pool handles, valid or not (stale, split, never locked). The test predicts
+validity from what it observes, not from the cache's internals: a handle names a page-aligned prefix
+and the *generation* of that prefix, which goes up whenever the prefix is seen to leave the device
+(checked after every cache call that can evict or load). ``lock`` is valid for a current generation on
+device (or the empty prefix); ``unlock`` when a lock through the same prefix and generation is held. An
+invalid call must raise PrefixCacheError and leave the whole observable state (every page, lock counts,
+counters, host copies, allocator free lists) unchanged.
 """
 
 import numpy as np
@@ -26,10 +35,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from cpkv import CPConfig, LaneExhausted, OwnerLaneAllocator
+from cpkv import CPConfig, LaneExhausted, OwnerLaneAllocator, PrefixCacheError
 from cpkv.cache import PrefixCache
 
-pytestmark = [pytest.mark.unit, pytest.mark.clause("C-RELOAD")]
+pytestmark = [pytest.mark.unit, pytest.mark.clause("C-RELOAD"), pytest.mark.clause("C-LOCK")]
 
 # Prompts are a cut of one of a few base prompts plus a short random tail, so they share prefixes often.
 BASES = ([1, 2, 3, 1] * 5, [1, 2, 3, 2] * 5, [3] * 20, [2, 1] * 10)
@@ -38,6 +47,7 @@ TOKENS = st.builds(
     st.integers(0, len(BASES) - 1), st.integers(0, 20), st.lists(st.integers(1, 3), max_size=4),
 )
 INDEX = st.integers(0, 10**6)
+POOL = 16  # handles kept for the lock/unlock rules
 
 
 class Req:
@@ -72,16 +82,61 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.inserted = set()  # every full-page prefix ever inserted (tuples)
         self.lane_of = {}  # prefix tuple -> lane of the page the tree took for it last
         self.matches = 0
+        self.pool = []  # (handle, prefix tuple, generation when returned)
+        self.gen = {}  # prefix tuple -> generation (goes up each time the prefix leaves the device)
+        self.seen = {}  # prefix tuple -> its device pages when last observed, None when not on device
+        self.extra = {}  # (prefix, generation) -> locks taken by lock_any
 
     # ------------------------------------------------------------------------------------- helpers
     def prefix(self, tokens, j):
         return tuple(tokens[: (j + 1) * self.P].tolist())
 
-    def match(self, tokens):
-        m = self.cache.match_prefix(tokens)
-        self.matches += 1
+    def match(self, tokens, record=True):
+        m = self.cache.match_prefix(tokens, record=record)
+        self.matches += record
         self.check_match(tokens, m)
+        self.remember(m.handle, tokens[: m.device_len])
         return m
+
+    # C-LOCK model ---------------------------------------------------------------------------------
+    def remember(self, handle, prefix_tokens):
+        """Add a handle just returned to the pool, with its prefix's current generation."""
+        key = tuple(prefix_tokens.tolist())
+        if key not in self.gen:
+            self.gen[key] = 0
+        self.seen[key] = self.device_pages(key)
+        if len(self.pool) < POOL:
+            self.pool.append((handle, key, self.gen[key]))
+
+    def device_pages(self, key):
+        n = len(key) // self.P
+        m = self.cache.match_prefix(np.asarray(key, dtype=np.int64), record=False)
+        return tuple(m.device_pages[:n].tolist()) if m.device_pages.shape[0] >= n else None
+
+    def observe(self):
+        """After a call that can evict or load: a prefix seen on device that is gone (or on other pages)
+        left the device, so its generation goes up."""
+        for key in self.gen:
+            now = self.device_pages(key)
+            if self.seen[key] is not None and now != self.seen[key]:
+                self.gen[key] += 1
+            self.seen[key] = now
+
+    def held_locks(self, key):
+        """Locks the other rules hold through handles of prefix ``key`` (always current generation)."""
+        n = sum(tuple(r.tokens[: r.locked * self.P].tolist()) == key for r in self.reqs)
+        return n + sum(tuple(t[: p.shape[0] * self.P].tolist()) == key for _, t, p in self.pins)
+
+    def snapshot(self):
+        return (list(self.cache.entries()), self.cache.counters(), self.cache.evictable_pages_per_lane().tolist(),
+                self.cache.cached_pages_per_lane().tolist(), list(self.cache.host.items()),
+                self.alloc.state_digest())  # fmt: skip
+
+    def refused(self, call, handle):
+        before = self.snapshot()
+        with pytest.raises(PrefixCacheError):
+            call(handle)
+        assert self.snapshot() == before
 
     def check_match(self, tokens, m):
         P = self.P
@@ -96,10 +151,12 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             if j < n_dev:
                 assert self.content[int(m.device_pages[j])] == pre
 
-    def load_back(self, m):
+    def load_back(self, m, tokens):
         before = self.cache.counters()
         n_dev, n_host = m.device_pages.shape[0], m.host_lanes.shape[0]
         back = self.cache.load_back(m)
+        self.observe()
+        self.remember(back.handle, tokens[: back.device_len])
         after = self.cache.counters()
         k = back.device_pages.shape[0] - n_dev
         assert back.host_len == 0 and 0 <= k <= n_host
@@ -117,6 +174,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             return self.alloc.alloc_extend([prefix_len], [extend_len], [last_loc])
         except LaneExhausted as e:
             self.cache.evict(e.lane, e.needed - e.available)
+            self.observe()
             return self.alloc.alloc_extend([prefix_len], [extend_len], [last_loc])
 
     def write(self, req):
@@ -134,7 +192,9 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def insert(self, req):
         P = self.P
         res = self.cache.insert(req.tokens, req.slots)
+        self.observe()
         k = res.pages.shape[0]
+        self.remember(res.handle, req.tokens[: k * P])
         assert k == len(req.tokens) // P
         assert res.pages[: req.locked].tolist() == (req.slots[: req.locked * P : P] // P).tolist()
         dup = set(res.duplicate_pages.tolist())
@@ -159,7 +219,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         t = np.asarray(tokens, dtype=np.int64)
         m = self.match(t[:-1])  # compute at least one token
         if load and m.host_len:
-            m = self.load_back(m)
+            m = self.load_back(m, t[:-1])
             self.check_match(t[:-1], m)
         self.cache.lock(m.handle)
         try:
@@ -215,7 +275,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         t = np.asarray(tokens, dtype=np.int64)
         m = self.match(t)
         if m.host_len:
-            self.check_match(t, self.load_back(m))
+            self.check_match(t, self.load_back(m, t))
 
     @rule(tokens=TOKENS)
     def pin(self, tokens):
@@ -236,6 +296,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         before = self.cache.counters()
         evictable = int(self.cache.evictable_pages_per_lane()[lane])
         freed = self.cache.evict(lane, n)
+        self.observe()
         after = self.cache.counters()
         assert min(n, evictable) <= freed <= evictable
         d_ev = [a - b for a, b in zip(after["evicted_pages"], before["evicted_pages"], strict=True)]
@@ -243,6 +304,32 @@ class PrefixCacheMachine(RuleBasedStateMachine):
                                        strict=True)]
         assert d_ev[lane] == freed and d_col[lane] == 0
         assert all(d_ev[r] == d_col[r] for r in range(self.C) if r != lane)
+
+    @rule(tokens=TOKENS, cut=st.integers(0, 12), record=st.booleans())
+    def grab(self, tokens, cut, record):
+        """A handle of a prefix that may end inside a run (record=False does not split it)."""
+        self.match(np.asarray(tokens, dtype=np.int64)[: cut * self.P], record=record)
+
+    @precondition(lambda self: self.pool)
+    @rule(i=INDEX)
+    def lock_any(self, i):
+        handle, key, gen = self.pool[i % len(self.pool)]
+        if not key or (gen == self.gen[key] and self.seen[key] is not None):
+            self.cache.lock(handle)
+            self.extra[key, gen] = self.extra.get((key, gen), 0) + 1
+        else:  # its pages left the device since the handle was returned
+            self.refused(self.cache.lock, handle)
+
+    @precondition(lambda self: self.pool)
+    @rule(i=INDEX)
+    def unlock_any(self, i):
+        handle, key, gen = self.pool[i % len(self.pool)]
+        if self.extra.get((key, gen), 0):
+            self.cache.unlock(handle)
+            self.extra[key, gen] -= 1
+        elif gen != self.gen[key] or not self.held_locks(key):  # stale, or never locked
+            self.refused(self.cache.unlock, handle)
+        # else: only another rule's lock is held through it; releasing that would break that rule
 
     # ---------------------------------------------------------------------------------- invariants
     @invariant()
@@ -268,6 +355,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def locks_and_lane_counts(self):
         entries = list(self.cache.entries())
         expected = sum(r.locked for r in self.reqs) + sum(p.shape[0] for _, _, p in self.pins)
+        expected += sum(len(key) // self.P * n for (key, _), n in self.extra.items())
         assert sum(e.lock_ref for e in entries) == expected
         dev = [e for e in entries if e.page >= 0]
         assert all(e.page % self.C == e.lane for e in dev)
@@ -302,6 +390,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             self.free(req.owned)
         for handle, _, _ in self.pins:
             self.cache.unlock(handle)
+        for handle, key, gen in self.pool:
+            while self.extra.get((key, gen), 0):
+                self.cache.unlock(handle)
+                self.extra[key, gen] -= 1
         self.reqs, self.pins = [], []
         for lane in range(self.C):
             self.cache.evict(lane, 10**6)
