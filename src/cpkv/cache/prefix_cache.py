@@ -45,18 +45,19 @@ lane r's pages.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from ..allocator import OwnerLaneAllocator
-from ..errors import PlanError, PrefixCacheError
-from ..planner import _as_int_array, offsets_within_key
+from ..errors import PrefixCacheError
+from .checks import check_lane, int_array, whole_pages
 from .host_tier import HostTier
+from .loadback import load_back
+from .lru import LaneLRU
 from .radix import RadixNode, RadixTree
-from .results import CacheEntry, InsertResult, PrefixMatch
-from .writeback import HKEY, LANE, PAGE, write_back
+from .results import HKEY, LANE, PAGE, CacheEntry, InsertResult, PrefixMatch
+from .writeback import write_back
 
 _I64 = np.int64
 _EMPTY = np.zeros(0, dtype=_I64)
@@ -114,13 +115,12 @@ class PrefixCache:
         self.cp_size = C = allocator.config.cp_size
         self.page_size = allocator.config.page_size
         self.host = HostTier(C, host_pages_per_lane)
+        self._write_back = bool(self.host.capacity.any())
         self.backup_fn = backup_fn
         self.restore_fn = restore_fn
         self.tree = RadixTree(self.page_size, 3, CacheNode, self._on_split)
         self._root_handle = self.tree.handle(self.tree.root, 0, 0)
-        self._heaps: list[list] = [[] for _ in range(C)]  # per lane: (stamp, -end, nid, node), lazy deletion
-        self._heap_cap = [1024] * C  # compact a heap when it grows past this
-        self._pending: list[CacheNode] = []  # stamped nodes not yet on the heaps
+        self.lru = LaneLRU(C)  # eviction order of the unlocked device runs
         self._in_tree = np.zeros(allocator.num_pages, dtype=bool)  # [num_pages] page held by a device run
         self._cached = np.zeros(C, dtype=_I64)  # [C] device pages in the tree
         self._evictable = np.zeros(C, dtype=_I64)  # [C] unlocked device pages
@@ -148,7 +148,7 @@ class PrefixCache:
         Raises:
             PrefixCacheError: ``token_ids`` not 1-D integers.
         """
-        tokens = self._tokens(token_ids)
+        tokens = int_array("token_ids", token_ids)
         path = self.tree.walk(tokens, tokens.shape[0] // self.page_size)
         if record and path and path[-1][1] < path[-1][0].num_pages:
             path[-1] = (self.tree.split(*path[-1]), path[-1][1])  # a stamp covers whole runs
@@ -226,7 +226,7 @@ class PrefixCache:
         node, locked = self.tree.lock(node, depth)
         for n in locked:
             if n.dev:  # type: ignore[attr-defined]
-                self._evictable -= self._counts(n)
+                self._evictable -= self.lru.counts(n)
 
     def unlock(self, handle) -> None:
         """Undo one ``lock`` taken through this handle (C-LOCK); pages whose last lock goes become
@@ -242,7 +242,7 @@ class PrefixCache:
             self._stamp(freed)
             for n in freed:
                 if n.dev:  # type: ignore[attr-defined]
-                    self._evictable += self._counts(n)
+                    self._evictable += self.lru.counts(n)
 
     # ---------------------------------------------------------------------------------------- updates
     def insert(self, token_ids, slots) -> InsertResult:
@@ -265,12 +265,12 @@ class PrefixCache:
                 listed twice, or a page the tree holds at another position. Nothing changes.
         """
         P = self.page_size
-        tokens = self._tokens(token_ids)
-        slots = self._int_array("slots", slots)
+        tokens = int_array("token_ids", token_ids)
+        slots = int_array("slots", slots)
         if slots.shape[0] != tokens.shape[0]:
             raise PrefixCacheError(f"slots has {slots.shape[0]} entries but token_ids has {tokens.shape[0]}")
         k = tokens.shape[0] // P
-        pages = self._whole_pages(slots[: k * P].reshape(k, P))
+        pages = whole_pages(slots[: k * P].reshape(k, P), self.allocator)
         path = self.tree.walk(tokens, k)
         matched = sum(m for _, m in path)
         same = np.zeros(k, dtype=bool)
@@ -323,23 +323,23 @@ class PrefixCache:
             PrefixCacheError: ``lane`` out of range or ``num_pages`` negative. An exception of
                 ``backup_fn`` propagates after the call is undone (every page stays on device).
         """
-        lane = self._check_lane(lane)
+        lane = check_lane(lane, self.cp_size)
         if isinstance(num_pages, bool) or not hasattr(num_pages, "__index__") or int(num_pages) < 0:
             raise PrefixCacheError(f"num_pages={num_pages!r} must be an integer >= 0")
         num_pages = int(num_pages)
         steps: list[list[CacheNode]] = []
         freed, taken = 0, np.zeros(self.cp_size, dtype=_I64)  # [C] pages taken off the device
         while freed < num_pages:
-            node = self._pop(lane)
+            node = self.lru.pop(lane)
             if node is None:
                 break
             step = self.tree.preorder(node, _on_device)  # node, then its device subtree (unlocked)
-            need = num_pages - freed - sum(int(self._counts(n)[lane]) for n in step[1:])
+            need = num_pages - freed - sum(int(self.lru.counts(n)[lane]) for n in step[1:])
             lanes = node.vals[:, LANE]
             idx = np.flatnonzero(lanes == lane)
-            if need <= 0:  # its subtree is enough (not when stamps follow the tree): keep the run itself
+            if need <= 0:  # its subtree alone is enough (never while ancestors are the newer): keep the run
                 step = step[1:]
-                self._requeue(node)
+                self.lru.requeue(node)
             elif idx[max(idx.shape[0] - need, 0)] > 0:  # cut at the need-th lane page from the bottom
                 self.tree.split(node, int(idx[max(idx.shape[0] - need, 0)]))
             for n in step:
@@ -349,7 +349,7 @@ class PrefixCache:
             self._account(taken, lane, 1)
             order = [n for step in reversed(steps) for n in step]  # ancestors first
             pages = _concat([n.vals[:, PAGE] for n in order])
-            if self.host.capacity.any():
+            if self._write_back:
                 try:
                     write_back(self, order)
                 except BaseException:
@@ -383,90 +383,9 @@ class PrefixCache:
             PrefixCacheError: a stale match or a match of another cache. An exception of ``restore_fn``
                 propagates; the pages restored before it stay loaded, the others go back to the allocator.
         """
-        if not isinstance(match, PrefixMatch) or match._epoch != self._epoch:
-            raise PrefixCacheError("match is stale (the cache changed since match_prefix); match again")
-        if match._host_end is None:
-            return match
-        end, depth = self.tree.resolve(match._host_end)  # a match of another cache raises here
-        if depth < end.end:
-            end = self.tree.split(end, depth - end.start)
-        first = match.device_pages.shape[0]
-        nodes, n = [], end
-        while n.start >= first and n.parent is not None:
-            nodes.append(n)
-            n = n.parent
-        lanes = match.host_lanes
-        self._pin(end, 1)  # pins the device prefix and the host copies being loaded
-        try:
-            need = np.bincount(lanes, minlength=self.cp_size)
-            for r in np.flatnonzero(need).tolist():  # re-read: evicting a lane may free others (collateral)
-                short = int(need[r] - self.allocator.free_pages_per_lane()[r])
-                if short > 0:
-                    self.evict(r, short)
-            free = self.allocator.free_pages_per_lane()
-            fits = _rank_within_lane(lanes) < free[lanes]  # page i fits if its lane has room for it
-            j = int(lanes.shape[0]) if fits.all() else int(np.argmin(fits))
-            pages = self.allocator.alloc_pages(lanes[:j])
-            last = self._fill(nodes[::-1], pages)
-        finally:
-            self._pin(end, -1)
-        if j < lanes.shape[0]:
-            self._n["load_back_owner_lane_capacity_failed"] += 1
-            self._n["load_back_failed_pages"] += int(lanes.shape[0]) - j
-        self._epoch += 1
-        if last is None:
-            node, handle = self._touch_to(*self.tree.resolve(match.handle)), match.handle
-        else:
-            node, handle = last, self.tree.handle(last, first + j, last.gen)
-        self._touch(self.tree.path(node))  # the whole path, so ancestors stay newer than descendants
-        return PrefixMatch(np.concatenate([match.device_pages, pages]), _EMPTY, self.page_size, handle, None,
-                           self._epoch)  # fmt: skip
+        return load_back(self, match)
 
     # ------------------------------------------------------------------------------------- private
-    def _tokens(self, token_ids) -> np.ndarray:
-        return np.ascontiguousarray(self._int_array("token_ids", token_ids), dtype=_I64)
-
-    @staticmethod
-    def _int_array(name: str, values) -> np.ndarray:
-        try:
-            return _as_int_array(name, values, None)
-        except PlanError as e:
-            raise PrefixCacheError(str(e)) from None
-
-    def _whole_pages(self, full: np.ndarray) -> np.ndarray:
-        """Page ids of ``[k, P]`` slot rows, checking each row is one whole, held, distinct page."""
-        P = self.page_size
-        pages = full[:, 0] // P
-        whole = (pages * P)[:, None] + np.arange(P, dtype=_I64)  # [k, P] the slots of whole pages
-        if not np.array_equal(full, whole):
-            i = int(np.flatnonzero((full != whole).any(axis=1))[0])
-            raise PrefixCacheError(f"slots of page {i} (tokens {i * P}..{i * P + P - 1}) are not one whole "
-                                   f"page: {full[i, :8].tolist()}...")  # fmt: skip
-        if not pages.size:
-            return pages
-        if pages.min() <= 0 or pages.max() >= self.allocator.num_pages:
-            bad = pages[(pages <= 0) | (pages >= self.allocator.num_pages)]
-            raise PrefixCacheError(f"page {int(bad[0])} cannot be cached (page 0 or out of range)")
-        C, lane_pages = self.cp_size, self.allocator.lane_pages
-        if lane_pages.min() != lane_pages.max():  # unequal lanes: a page id below C * max(Q) may not exist
-            bad = pages[pages // C >= lane_pages[pages % C]]
-            if bad.size:
-                p = int(bad[0])
-                raise PrefixCacheError(f"page {p} does not exist: lane {p % C} holds {int(lane_pages[p % C])} pages")
-        bad = pages[self.allocator.is_free(pages)]
-        if bad.size:
-            raise PrefixCacheError(f"page {int(bad[0])} is free in the allocator: insert only pages you hold")
-        ordered = np.sort(pages)
-        twice = ordered[1:][ordered[1:] == ordered[:-1]]
-        if twice.size:
-            raise PrefixCacheError(f"page {int(twice[0])} is listed more than once")
-        return pages
-
-    def _check_lane(self, lane) -> int:
-        if isinstance(lane, bool) or not hasattr(lane, "__index__") or not 0 <= int(lane) < self.cp_size:
-            raise PrefixCacheError(f"lane={lane!r} out of range [0, {self.cp_size})")
-        return int(lane)
-
     def _resolve(self, handle) -> tuple[CacheNode, int]:
         """The live run holding a handle's last page, or PrefixCacheError for a stale handle."""
         node, depth = self.tree.resolve(handle)
@@ -475,33 +394,22 @@ class PrefixCache:
                                    "was returned; call match_prefix again")  # fmt: skip
         return node, depth  # type: ignore[return-value]
 
-    def _memo(self, node: CacheNode) -> tuple:
-        """``(pages per lane int64 [C], lanes present)`` of a run, memoised until the run splits."""
-        memo = node.memo
-        if memo is None:
-            c = np.bincount(node.vals[:, LANE], minlength=self.cp_size)
-            memo = node.memo = (c, c.nonzero()[0].tolist())
-        return memo
-
-    def _counts(self, node: CacheNode) -> np.ndarray:
-        """Pages per lane of a run, int64 ``[C]``."""
-        return (node.memo or self._memo(node))[0]
-
-    def _on_split(self, upper: CacheNode, lower: CacheNode) -> None:  # type: ignore[override]
+    def _on_split(self, upper: CacheNode, lower: CacheNode) -> None:
+        """The tree split a run: the new upper part takes its state; host keys in it now point to it."""
         upper.dev, upper.gen, upper.in_batch = lower.dev, lower.gen, lower.in_batch
         lower.memo = None
         if self._host_loc:
             keys = upper.vals[:, HKEY]
             for key in keys[keys >= 0].tolist():
                 self._host_loc[key] = upper
-        self._pending.append(upper)
+        self.lru.queue([upper])
 
-    # LRU stamps and the per-lane eviction heaps ------------------------------------------------------
+    # LRU stamps --------------------------------------------------------------------------------------
     def _stamp(self, nodes: list) -> None:
         s = self.tree.tick()
         for n in nodes:
             n.stamp = s
-        self._pending.extend(nodes)
+        self.lru.queue(nodes)
 
     def _touch(self, nodes: list) -> None:
         """Most recently used: the nodes (one stamp) and their host copies, deepest first."""
@@ -513,49 +421,14 @@ class PrefixCache:
                     self.host.touch(int(keys[i]), int(lanes[i]))
 
     def _touch_to(self, node: CacheNode, depth: int) -> CacheNode:
+        """The run that ends at ``depth`` (``node`` holds page ``depth - 1``; split there if needed)."""
         return self.tree.split(node, depth - node.start) if depth < node.end else node
-
-    def _requeue(self, node: CacheNode) -> None:
-        node.pushed = -1
-        self._pending.append(node)
-
-    def _flush(self) -> None:
-        """Push the stamped unlocked device runs on the heaps of the lanes they hold."""
-        heaps = self._heaps
-        for n in self._pending:
-            if n.dev and n.lock_ref == 0 and n.attached and n.pushed != n.stamp:
-                n.pushed = n.stamp
-                entry = (n.stamp, -n.end, n.nid, n)
-                for r in (n.memo or self._memo(n))[1]:
-                    heapq.heappush(heaps[r], entry)
-        self._pending.clear()
-        for r, heap in enumerate(heaps):
-            if len(heap) > self._heap_cap[r]:  # drop stale entries (amortised O(1) per push)
-                heap[:] = [e for e in heap if self._valid(e, r)]
-                heapq.heapify(heap)
-                self._heap_cap[r] = 2 * len(heap) + 1024
-
-    def _valid(self, entry: tuple, lane: int) -> bool:
-        """Whether a heap entry still names an unlocked device run holding ``lane`` pages, at its stamp."""
-        n = entry[3]
-        return (n.stamp == entry[0] == n.pushed and n.dev and n.lock_ref == 0 and n.attached
-                and (n.memo or self._memo(n))[0][lane] > 0)  # fmt: skip
-
-    def _pop(self, lane: int) -> CacheNode | None:
-        """The unlocked device run holding ``lane``'s least recently used page (oldest stamp, deepest)."""
-        self._flush()
-        heap = self._heaps[lane]
-        while heap:
-            entry = heapq.heappop(heap)
-            if self._valid(entry, lane):
-                return entry[3]
-        return None
 
     # page accounting ----------------------------------------------------------------------------------
     def _take(self, n: CacheNode, lane: int, taken: np.ndarray) -> int:
         """Phase 1 of eviction: the run leaves the device (its pages are freed by ``evict``); adds its
         pages per lane to ``taken`` and returns those of ``lane``."""
-        c = self._counts(n)
+        c = self.lru.counts(n)
         taken += c
         self._in_tree[n.vals[:, PAGE]] = False
         n.dev, n.in_batch = False, True
@@ -567,7 +440,7 @@ class PrefixCache:
         self._in_tree[n.vals[:, PAGE]] = True
         n.dev, n.in_batch = True, False
         n.gen -= 1
-        self._requeue(n)
+        self.lru.requeue(n)
 
     def _account(self, taken: np.ndarray, lane: int, sign: int) -> None:
         """Counters of one ``evict`` call (``sign`` -1 undoes them): ``taken`` int64 ``[C]`` pages evicted
@@ -583,7 +456,7 @@ class PrefixCache:
         n.vals[:, PAGE] = pages
         n.dev = True
         self._in_tree[pages] = True
-        c = self._counts(n)
+        c = self.lru.counts(n)
         self._cached += c
         if n.lock_ref == 0:
             self._evictable += c
@@ -601,52 +474,6 @@ class PrefixCache:
         n.memo = None
         self._set_device(n, pages)
 
-    def _pin(self, node: CacheNode, delta: int) -> None:
-        """A lock without a handle on the path to ``node`` (load-back pins what it works on)."""
-        crossed = self.tree.adjust(node, delta)
-        if delta < 0 and crossed:
-            self._stamp(crossed)
-        for n in crossed:
-            if n.dev:  # type: ignore[attr-defined]
-                if delta > 0:
-                    self._evictable -= self._counts(n)  # type: ignore[arg-type]
-                else:
-                    self._evictable += self._counts(n)  # type: ignore[arg-type]
-
-    def _fill(self, nodes: list[CacheNode], pages: np.ndarray) -> CacheNode | None:
-        """Load-back: restore ``pages`` (allocated on the recorded lanes) into the host-only runs ``nodes``
-        (root side first); returns the last run loaded. A failing ``restore_fn`` keeps the pages restored
-        before it and frees the rest."""
-        done, last, j = 0, None, pages.shape[0]
-        try:
-            for n in nodes:
-                if done == j:
-                    break
-                take = min(n.num_pages, j - done)
-                if take < n.num_pages:
-                    n = self.tree.split(n, take)
-                seg = pages[done : done + take]
-                if self.restore_fn is not None:
-                    for i, (key, lane) in enumerate(zip(n.vals[:, HKEY].tolist(), n.vals[:, LANE].tolist(), strict=True)):
-                        try:
-                            self.restore_fn(int(seg[i]), self.host.get(key, lane))
-                        except BaseException:
-                            if i:
-                                part = self.tree.split(n, i)
-                                self._set_device(part, seg[:i])
-                                self._n["load_backs"] += i
-                                done += i
-                            raise
-                self._set_device(n, seg)
-                self._n["load_backs"] += take
-                done += take
-                last = n
-        except BaseException:
-            self.allocator.free(pages[done:])  # a failing restore_fn leaks nothing
-            self._epoch += 1
-            raise
-        return last
-
     def new_host_key(self) -> int:
         """A fresh host-copy id (0, 1, 2, ... in write order: equal on every rank that replays the calls)."""
         self._next_key += 1
@@ -660,9 +487,3 @@ def _on_device(n) -> bool:
 def _concat(parts: list) -> np.ndarray:
     """One int64 array of the parts (a copy, never a view of the tree); empty for no parts."""
     return np.concatenate(parts).astype(_I64, copy=False) if parts else _EMPTY
-
-
-def _rank_within_lane(lanes: np.ndarray) -> np.ndarray:
-    """Index of each entry among the earlier entries of the same lane: ``[2,0,2,2,0] -> [0,0,1,2,1]``."""
-    ones = np.ones_like(lanes)
-    return offsets_within_key(lanes, ones, np.bincount(lanes, minlength=int(lanes.max(initial=-1)) + 1))

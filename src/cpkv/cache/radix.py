@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import PrefixCacheError
 
 _I64 = np.int64
+_NO_TOKENS = np.zeros(0, dtype=_I64)
 
 
 class RadixNode:
@@ -198,6 +199,7 @@ class RadixTree:
         gone = self.preorder(node)
         for n in gone:
             n.attached = False
+            n.tokens = _NO_TOKENS  # the memory goes now, even while an old handle still refers to the run
         self.num_nodes -= len(gone)
         return gone
 

@@ -13,6 +13,11 @@ import numpy as np
 
 _I64 = np.int64
 
+PAGE, LANE, HKEY = 0, 1, 2
+"""Columns of a run's per-page values (``vals``, int64 ``[num_pages, 3]``): device page id (-1 while
+host-only), owner lane (the recorded lane while host-only), host copy id (-1 when none). ``entries``
+lists them per page as ``CacheEntry``."""
+
 
 @dataclass(frozen=True, eq=False)
 class PrefixMatch:

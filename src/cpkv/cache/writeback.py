@@ -13,14 +13,14 @@ Ancestors first, so a copy is never written for a page that the same call then d
 of cpkv 0.1 wrote pages back deepest first and could drop a copy it had just written). The decisions are
 made without changing anything, then ``backup_fn`` runs for every new copy, and only then does the cache
 change: an exception of ``backup_fn`` leaves host tier and tree as they were (``evict`` puts the runs
-back on device). Columns of a run's ``vals`` (int64 ``[num_pages, 3]``): PAGE, LANE, HKEY.
+back on device).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-PAGE, LANE, HKEY = 0, 1, 2  # device page id (-1 host-only), owner lane, host copy id (-1 none)
+from .results import HKEY, LANE, PAGE
 
 
 def write_back(cache, order: list) -> None:

@@ -1,0 +1,88 @@
+"""Lane-aware LRU order of the prefix cache's runs (SPEC section 8, C-RELOAD eviction order).
+
+``PrefixCache.evict(lane, n)`` asks again and again for the unlocked device run that holds the least
+recently used page of ``lane``: among the runs with a page on that lane, the oldest stamp, the deepest
+run on a tie (all pages of a run share one stamp, and a use stamps its whole path at once, so the runs
+of one stamp lie on one path and the deepest holds the oldest pages).
+
+One binary heap per lane of ``(stamp, -end, nid, run)``, filled lazily: runs whose stamp changed or that
+became evictable wait in a queue, and are pushed, once per stamp, on the heaps of the lanes they hold
+when eviction next asks. Entries are never removed in place: a popped entry whose run was stamped again,
+locked, evicted or removed since is skipped (lazy deletion), and a heap that grows past twice its live
+size plus 1024 entries is rebuilt, so the work stays O(log n) per push and pop, amortised.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from .results import LANE
+
+
+class LaneLRU:
+    """Per-lane LRU order of runs (see the module doc). A run is evictable when ``dev`` (on device),
+    ``lock_ref == 0`` and ``attached``; its ``stamp``, ``end`` and ``nid`` order it, ``pushed`` and
+    ``memo`` are this class's own (stamp of its entries; lane counts, memoised until the run splits).
+
+    Args:
+        cp_size: lanes, C >= 1.
+    """
+
+    def __init__(self, cp_size: int) -> None:
+        self.cp_size = cp_size
+        self._heaps: list[list] = [[] for _ in range(cp_size)]
+        self._limit = [1024] * cp_size  # rebuild a heap when it grows past this
+        self._queue: list = []  # runs to push at the next pop
+
+    def counts(self, node) -> np.ndarray:
+        """Pages of the run per lane, int64 ``[C]`` (memoised until the run splits: do not modify)."""
+        return (node.memo or self._memo(node))[0]
+
+    def queue(self, nodes: list) -> None:
+        """Runs whose stamp changed or that may have become evictable (checked when pushed)."""
+        self._queue.extend(nodes)
+
+    def requeue(self, node) -> None:
+        """A popped run that stays on device: its entries go back on the heaps."""
+        node.pushed = -1
+        self._queue.append(node)
+
+    def pop(self, lane: int):
+        """The evictable run with ``lane``'s least recently used page, taken off that lane's heap (its
+        entries on other lanes' heaps die with it once it is evicted); None when there is none."""
+        self._push_queued()
+        heap = self._heaps[lane]
+        while heap:
+            entry = heapq.heappop(heap)
+            if self._live(entry, lane):
+                return entry[3]
+        return None
+
+    # ---------------------------------------------------------------------------------------- private
+    def _memo(self, node) -> tuple:
+        c = np.bincount(node.vals[:, LANE], minlength=self.cp_size)
+        node.memo = (c, c.nonzero()[0].tolist())  # (int64 [C] pages per lane, lanes with pages)
+        return node.memo
+
+    def _push_queued(self) -> None:
+        heaps = self._heaps
+        for n in self._queue:
+            if n.dev and n.lock_ref == 0 and n.attached and n.pushed != n.stamp:
+                n.pushed = n.stamp
+                entry = (n.stamp, -n.end, n.nid, n)
+                for r in (n.memo or self._memo(n))[1]:
+                    heapq.heappush(heaps[r], entry)
+        self._queue.clear()
+        for r, heap in enumerate(heaps):
+            if len(heap) > self._limit[r]:
+                heap[:] = [e for e in heap if self._live(e, r)]
+                heapq.heapify(heap)
+                self._limit[r] = 2 * len(heap) + 1024
+
+    def _live(self, entry: tuple, lane: int) -> bool:
+        """Whether a heap entry still names an evictable run with ``lane`` pages, at the run's stamp."""
+        n = entry[3]
+        return (n.stamp == entry[0] == n.pushed and n.dev and n.lock_ref == 0 and n.attached
+                and (n.memo or self._memo(n))[0][lane] > 0)  # fmt: skip
