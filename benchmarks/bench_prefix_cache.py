@@ -7,7 +7,8 @@ over one ``OwnerLaneAllocator`` (C=8, P=64, owner policy rotation) whose pool ho
 pages in all: match the prompt less its last token, lock the hit, plan the rest (``plan_extend``), evict
 each lane's shortfall, ``alloc_extend``, insert, move the lock, unlock, free the partial last page.
 Seconds per step summed over the replay ("alloc" includes the plan); "nodes" is the tree's live node
-count at the end (the per-page tree of cpkv <= 0.1: one node per cached page). See README.md.
+count at the end, "nodes made" all nodes it created (the per-page tree of cpkv 0.1: one per cached
+page). See README.md.
 """
 
 from __future__ import annotations
@@ -59,10 +60,11 @@ def replay(prompts: list[np.ndarray], num_pages: int, cp_size: int = 8, page_siz
         t["insert"] += c5 - c4
         t["unlock"] += c6 - c5
     t["alloc"] -= t["evict"]
-    tree = getattr(cache, "tree", None)
-    nodes = tree.num_nodes if tree is not None else cache.total_cached_pages + len(cache.host)
-    return {"steps_s": t, "total_s": sum(t.values()), "hit_tokens": hit, "nodes": nodes,
-            "evicted_pages": int(sum(cache.counters()["evicted_pages"]))}  # fmt: skip
+    c, tree = cache.counters(), getattr(cache, "tree", None)  # cpkv 0.1: one node per page, no tree
+    live = tree.num_nodes if tree is not None else cache.total_cached_pages + len(cache.host)
+    made = tree.nodes_created if tree is not None else c["inserted_pages"]
+    return {"steps_s": t, "total_s": sum(t.values()), "hit_tokens": hit, "nodes": live, "nodes_made": made,
+            "evicted_pages": int(sum(c["evicted_pages"]))}  # fmt: skip
 
 
 def main() -> None:
@@ -77,8 +79,9 @@ def main() -> None:
         res = replay(prompts, pool)
         out[pool] = res
         rows.append([pool, n, res["total_s"], *(res["steps_s"][s] for s in STEPS), res["hit_tokens"],
-                     res["evicted_pages"], res["nodes"]])  # fmt: skip
-    header = ["pool pages", "requests", "total s", *(f"{s} s" for s in STEPS), "hit tokens", "evicted", "nodes"]
+                     res["evicted_pages"], res["nodes"], res["nodes_made"]])  # fmt: skip
+    header = ["pool pages", "requests", "total s", *(f"{s} s" for s in STEPS), "hit tokens", "evicted", "nodes",
+              "nodes made"]  # fmt: skip
     print_table("prefix-cache replay, Mooncake trace (C=8, P=64, rotation)", header, rows)
     write_json(args.json, {"benchmark": "prefix_cache", "quick": args.quick, "requests": n, "pools": out})
 

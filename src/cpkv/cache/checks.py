@@ -14,6 +14,8 @@ _I64 = np.int64
 
 def int_array(name: str, values) -> np.ndarray:
     """``values`` (list, numpy or CPU tensor) as a contiguous 1-D int64 array, or PrefixCacheError."""
+    if type(values) is np.ndarray and values.dtype == _I64 and values.ndim == 1:
+        return np.ascontiguousarray(values)
     try:
         return np.ascontiguousarray(_as_int_array(name, values, None), dtype=_I64)
     except PlanError as e:

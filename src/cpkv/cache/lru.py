@@ -67,15 +67,20 @@ class LaneLRU:
         return node.memo
 
     def _push_queued(self) -> None:
-        heaps = self._heaps
+        if not self._queue:
+            return
+        heaps, push, grown = self._heaps, heapq.heappush, set()
         for n in self._queue:
             if n.dev and n.lock_ref == 0 and n.attached and n.pushed != n.stamp:
                 n.pushed = n.stamp
                 entry = (n.stamp, -n.end, n.nid, n)
-                for r in (n.memo or self._memo(n))[1]:
-                    heapq.heappush(heaps[r], entry)
+                lanes = (n.memo or self._memo(n))[1]
+                for r in lanes:
+                    push(heaps[r], entry)
+                grown.update(lanes)
         self._queue.clear()
-        for r, heap in enumerate(heaps):
+        for r in grown:
+            heap = heaps[r]
             if len(heap) > self._limit[r]:
                 heap[:] = [e for e in heap if self._live(e, r)]
                 heapq.heapify(heap)

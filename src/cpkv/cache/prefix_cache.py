@@ -292,7 +292,10 @@ class PrefixCache:
             nodes.append(node)
             pos += m
         if matched < k:
-            vals = np.stack([pages[matched:], pages[matched:] % self.cp_size, np.full(k - matched, -1, _I64)], 1)
+            vals = np.empty((k - matched, 3), dtype=_I64)  # [pages, (PAGE, LANE, HKEY)]
+            vals[:, PAGE] = pages[matched:]
+            vals[:, LANE] = vals[:, PAGE] % self.cp_size
+            vals[:, HKEY] = -1
             leaf = self.tree.add_leaf(nodes[-1] if nodes else self.tree.root, tokens[matched * P : k * P], vals)
             self._set_device(leaf, leaf.vals[:, PAGE])
             nodes.append(leaf)
@@ -328,34 +331,42 @@ class PrefixCache:
             raise PrefixCacheError(f"num_pages={num_pages!r} must be an integer >= 0")
         num_pages = int(num_pages)
         steps: list[list[CacheNode]] = []
-        freed, taken = 0, np.zeros(self.cp_size, dtype=_I64)  # [C] pages taken off the device
+        freed = 0
         while freed < num_pages:
             node = self.lru.pop(lane)
             if node is None:
                 break
-            step = self.tree.preorder(node, _on_device)  # node, then its device subtree (unlocked)
-            need = num_pages - freed - sum(int(self.lru.counts(n)[lane]) for n in step[1:])
-            lanes = node.vals[:, LANE]
-            idx = np.flatnonzero(lanes == lane)
-            if need <= 0:  # its subtree alone is enough (never while ancestors are the newer): keep the run
-                step = step[1:]
+            below = self.tree.preorder(node, _on_device)[1:] if node.children else []  # device subtree
+            got = sum(int(self.lru.counts(n)[lane]) for n in below)  # 0 while ancestors are the newer
+            need = num_pages - freed - got
+            if need > 0:  # cut the run at the need-th page of the lane from the bottom (or its first)
+                idx = np.flatnonzero(node.vals[:, LANE] == lane)
+                k = min(need, idx.shape[0])
+                if idx[idx.shape[0] - k]:
+                    self.tree.split(node, int(idx[idx.shape[0] - k]), not self._write_back)
+                got += k
+                below.insert(0, node)
+            else:  # the subtree alone is enough: the run stays
                 self.lru.requeue(node)
-            elif idx[max(idx.shape[0] - need, 0)] > 0:  # cut at the need-th lane page from the bottom
-                self.tree.split(node, int(idx[max(idx.shape[0] - need, 0)]))
-            for n in step:
-                freed += self._take(n, lane, taken)
-            steps.append(step)
+            for n in below:
+                n.dev, n.in_batch = False, True
+                n.gen += 1
+            freed += got
+            steps.append(below)
         if steps:
-            self._account(taken, lane, 1)
             order = [n for step in reversed(steps) for n in step]  # ancestors first
             pages = _concat([n.vals[:, PAGE] for n in order])
+            taken = np.bincount(pages % self.cp_size, minlength=self.cp_size)  # [C] pages leaving the device
+            self._account(pages, taken, lane, 1)
             if self._write_back:
                 try:
                     write_back(self, order)
                 except BaseException:
-                    self._account(taken, lane, -1)
+                    self._account(pages, taken, lane, -1)
                     for n in order:
-                        self._untake(n)
+                        n.dev, n.in_batch = True, False
+                        n.gen -= 1
+                        self.lru.requeue(n)
                     raise
             else:
                 for n in order:
@@ -425,26 +436,10 @@ class PrefixCache:
         return self.tree.split(node, depth - node.start) if depth < node.end else node
 
     # page accounting ----------------------------------------------------------------------------------
-    def _take(self, n: CacheNode, lane: int, taken: np.ndarray) -> int:
-        """Phase 1 of eviction: the run leaves the device (its pages are freed by ``evict``); adds its
-        pages per lane to ``taken`` and returns those of ``lane``."""
-        c = self.lru.counts(n)
-        taken += c
-        self._in_tree[n.vals[:, PAGE]] = False
-        n.dev, n.in_batch = False, True
-        n.gen += 1
-        return int(c[lane])
-
-    def _untake(self, n: CacheNode) -> None:
-        """Undo ``_take`` (a failing ``backup_fn``): the run is on device again, unlocked, most recent."""
-        self._in_tree[n.vals[:, PAGE]] = True
-        n.dev, n.in_batch = True, False
-        n.gen -= 1
-        self.lru.requeue(n)
-
-    def _account(self, taken: np.ndarray, lane: int, sign: int) -> None:
-        """Counters of one ``evict`` call (``sign`` -1 undoes them): ``taken`` int64 ``[C]`` pages evicted
-        per lane, all unlocked; those not of ``lane`` are collateral."""
+    def _account(self, pages: np.ndarray, taken: np.ndarray, lane: int, sign: int) -> None:
+        """The page counts of one ``evict`` call (``sign`` -1 undoes them): ``pages`` leave the device,
+        ``taken`` int64 ``[C]`` of them per lane, all unlocked; those not of ``lane`` are collateral."""
+        self._in_tree[pages] = sign < 0
         self._cached -= sign * taken
         self._evictable -= sign * taken
         self._evicted += sign * taken

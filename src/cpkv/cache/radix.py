@@ -173,18 +173,28 @@ class RadixTree:
         parent.children[tokens[: self.page_size].tobytes()] = node
         return node
 
-    def split(self, node: RadixNode, at: int) -> RadixNode:
+    def split(self, node: RadixNode, at: int, lower_goes: bool = False) -> RadixNode:
         """Cut ``node`` after its first ``at`` pages (0 < at < num_pages); returns the new upper node.
 
         The original object keeps the lower pages (see the module doc). The upper node takes the parent's
         child slot (same key, same position), the stamp and the lock_ref; locks ending at ``node`` stay.
+        ``lower_goes``: the caller detaches the lower part next, so its arrays stay views (no copy).
+        The upper part's tokens are a view while it keeps at least half of the array they view, else a
+        copy: a run never keeps more than twice its own tokens alive.
         """
         P = self.page_size
         parent = node.parent
-        upper = self._node(parent, node.tokens[: at * P].copy(), node.vals[:at].copy(), node.start)
+        tokens = node.tokens
+        base = tokens if tokens.base is None else tokens.base
+        head = tokens[: at * P]
+        upper = self._node(parent, head if 2 * head.size >= base.size else head.copy(), node.vals[:at].copy(),
+                           node.start)  # fmt: skip
         upper.stamp, upper.lock_ref = node.stamp, node.lock_ref
         parent.children[upper.tokens[:P].tobytes()] = upper  # type: ignore[union-attr]
-        node.tokens, node.vals = node.tokens[at * P :].copy(), node.vals[at:].copy()
+        if lower_goes:
+            node.tokens, node.vals = tokens[at * P :], node.vals[at:]
+        else:
+            node.tokens, node.vals = tokens[at * P :].copy(), node.vals[at:].copy()
         node.start += at
         node.parent = upper
         upper.children[node.tokens[:P].tobytes()] = node

@@ -23,6 +23,10 @@ SCRIPTS = [
         "bench_simulate.py", ["--max-requests", "100"], "peak RSS MiB",
         marks=pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
     ),
+    pytest.param(
+        "bench_prefix_cache.py", [], "hit tokens",
+        marks=pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
+    ),
 ]  # fmt: skip
 
 
