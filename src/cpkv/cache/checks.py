@@ -29,16 +29,38 @@ def check_lane(lane, cp_size: int) -> int:
     return int(lane)
 
 
-def whole_pages(full: np.ndarray, allocator: OwnerLaneAllocator) -> np.ndarray:
-    """Page ids, int64 ``[k]``, of ``[k, P]`` slot rows, checking that each row is one whole page
-    (``p*P + 0 .. P-1``), that the page exists and is held (not free, not page 0) and is listed once."""
-    P = full.shape[1]
-    pages = full[:, 0] // P
-    whole = (pages * P)[:, None] + np.arange(P, dtype=_I64)  # [k, P] the slots of whole pages
-    if not np.array_equal(full, whole):
-        i = int(np.flatnonzero((full != whole).any(axis=1))[0])
+class Scratch:
+    """A reusable int64 work buffer that grows as needed (one per cache, never shared between threads):
+    a temporary as large as a prompt's slots costs page faults on every call when freshly allocated."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, dtype=_I64)
+
+    def get(self, n: int) -> np.ndarray:
+        """``[n]`` int64 of undefined contents, valid until the next ``get``."""
+        if self._buf.shape[0] < n:
+            self._buf = np.empty(max(n, 2 * self._buf.shape[0]), dtype=_I64)
+        return self._buf[:n]
+
+
+def whole_pages(slots: np.ndarray, page_size: int, allocator: OwnerLaneAllocator, scratch: Scratch) -> np.ndarray:
+    """Page ids, int64 ``[k]``, of the slots ``[k * P]`` of k whole pages, checking that page i's slots
+    are ``p*P + 0 .. P-1``, that the page exists and is held (not free, not page 0) and is listed once.
+
+    Example P=4: slots ``[8, 9, 10, 11, 20, 21, 22, 23]`` -> pages ``[2, 5]``. The check subtracts each
+    slot's offset in its page (``d``, which on whole pages repeats each page's first slot P times) and
+    compares ``d`` with that repetition: three passes over the slots, no per-page loop.
+    """
+    P = page_size
+    k = slots.shape[0] // P
+    d = np.subtract(slots, _ramp(P, k * P), out=scratch.get(k * P))  # [k * P] whole pages: p*P, P times
+    first = d[::P].copy()  # [k] first slot of each page
+    if not np.array_equal(d, np.repeat(first, P)) or (first % P).any():
+        full = slots.reshape(k, P)
+        i = int(np.flatnonzero((full != (full[:, :1] // P * P) + np.arange(P)).any(axis=1))[0])
         raise PrefixCacheError(f"slots of page {i} (tokens {i * P}..{i * P + P - 1}) are not one whole page: "
                                f"{full[i, :8].tolist()}...")  # fmt: skip
+    pages = first // P
     if not pages.size:
         return pages
     if pages.min() <= 0 or pages.max() >= allocator.num_pages:
@@ -58,3 +80,16 @@ def whole_pages(full: np.ndarray, allocator: OwnerLaneAllocator) -> np.ndarray:
     if twice.size:
         raise PrefixCacheError(f"page {int(twice[0])} is listed more than once")
     return pages
+
+
+_RAMPS: dict[int, np.ndarray] = {}
+
+
+def _ramp(page_size: int, n: int) -> np.ndarray:
+    """``[n]`` int64 offsets in page, ``0, 1, .., P-1, 0, 1, ..`` (a read-only view of a cached array)."""
+    ramp = _RAMPS.get(page_size)
+    if ramp is None or ramp.shape[0] < n:
+        ramp = np.tile(np.arange(page_size, dtype=_I64), max(n, 1 << 16) // page_size + 1)
+        ramp.setflags(write=False)
+        _RAMPS[page_size] = ramp
+    return ramp[:n]

@@ -51,7 +51,7 @@ import numpy as np
 
 from ..allocator import OwnerLaneAllocator
 from ..errors import PrefixCacheError
-from .checks import check_lane, int_array, whole_pages
+from .checks import Scratch, check_lane, int_array, whole_pages
 from .host_tier import HostTier
 from .loadback import load_back
 from .lru import LaneLRU
@@ -130,6 +130,7 @@ class PrefixCache:
         self._next_key = 0
         self._epoch = 0  # bumped by every change of pages; a match is valid for one epoch
         self._n = dict.fromkeys(_COUNTERS, 0)
+        self._scratch = Scratch()
 
     # ----------------------------------------------------------------------------------------- queries
     def match_prefix(self, token_ids, *, record: bool = True) -> PrefixMatch:
@@ -270,7 +271,7 @@ class PrefixCache:
         if slots.shape[0] != tokens.shape[0]:
             raise PrefixCacheError(f"slots has {slots.shape[0]} entries but token_ids has {tokens.shape[0]}")
         k = tokens.shape[0] // P
-        pages = whole_pages(slots[: k * P].reshape(k, P), self.allocator)
+        pages = whole_pages(slots[: k * P], P, self.allocator, self._scratch)
         path = self.tree.walk(tokens, k)
         matched = sum(m for _, m in path)
         same = np.zeros(k, dtype=bool)
