@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from ..allocator import ExtendAllocation, OwnerLaneAllocator
+from ..cache import PrefixCache
 from ..config import CPConfig
 from ..errors import LaneExhausted, PlanError
-from ..cache import PrefixCache
 from .workload import Workload
 
 _I64 = np.int64
