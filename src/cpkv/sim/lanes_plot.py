@@ -8,6 +8,7 @@ for ratios); the title names the workload, C, P and Q; the legend sits below the
 
 from __future__ import annotations
 
+import gc
 import io
 
 import numpy as np
@@ -58,6 +59,11 @@ def lanes_png(results: list, config: dict, status: str = "complete") -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
+    # The figure's renderer sits in reference cycles and keys matplotlib's weak text-metrics cache: free
+    # it now. Left to a later collection it dies during the next policy's replay, and a Ctrl-C that lands
+    # in that weakref callback is swallowed ("Exception ignored"): the interrupt would be lost.
+    del fig
+    gc.collect()
     return buf.getvalue()
 
 
