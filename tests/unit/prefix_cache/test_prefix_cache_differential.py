@@ -7,6 +7,7 @@ on small pools with a tiny vocabulary so that prefixes share and diverge inside 
 they must agree exactly: every return value, which pages each evict frees and in what order (the two
 allocators' free lists stay identical), every cached page with its lane, host copy and lock count, the
 host tier's LRU order, and the counters. No difference is allowed: the model defines the semantics.
+And no page is lost or owned twice: free + cached + held by running requests = the usable pool.
 """
 
 import numpy as np
@@ -175,6 +176,18 @@ class Differential(RuleBasedStateMachine):
         evictable = np.bincount([n.lane for n in dev if n.lock_ref == 0], minlength=self.C)
         assert self.cache.cached_pages_per_lane().tolist() == cached.tolist()
         assert self.cache.evictable_pages_per_lane().tolist() == evictable.tolist()
+
+    @invariant()
+    def every_page_once(self):
+        # No page lost or owned twice: free pages + tree pages + the running requests' partial pages
+        # are exactly the usable pool (page 0 and pages beyond a short lane's capacity excluded).
+        alloc, C = self.alloc, self.C
+        ids = np.arange(alloc.num_pages)
+        usable = ids[(ids > 0) & (ids // C < alloc.lane_pages[ids % C])].tolist()
+        free = ids[alloc.is_free(ids)].tolist()
+        tree = [e.page for e in self.cache.entries() if e.page >= 0]
+        held = [p for _, _, tail in self.running for p in tail]
+        assert sorted(free + tree + held) == usable
 
     def teardown(self):
         if not hasattr(self, "cache"):
