@@ -18,6 +18,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from hypothesis import strategies as st
+
+# Prompts for the cache's property tests: a cut of one of a few base prompts plus a short random tail,
+# over a 3-token vocabulary, so that prompts share prefixes often and diverge inside runs.
+BASES = ([1, 2, 3, 1] * 6, [1, 2, 3, 2] * 6, [3] * 24, [2, 1] * 12)
+PROMPTS = st.builds(
+    lambda b, cut, tail: (BASES[b][:cut] + tail) or [1],
+    st.integers(0, len(BASES) - 1), st.integers(0, 24), st.lists(st.integers(1, 3), max_size=5),
+)
+
 
 class Page:
     __slots__ = ("parent", "children", "depth", "page", "lane", "key", "lock_ref", "own", "stamp", "gen",

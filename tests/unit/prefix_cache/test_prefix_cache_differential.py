@@ -23,17 +23,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from cache_reference import RefCache, RefError
+from cache_reference import PROMPTS, RefCache, RefError
 from cpkv import CPConfig, LaneExhausted, OwnerLaneAllocator, PrefixCacheError
 from cpkv.cache import PrefixCache
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-RELOAD"), pytest.mark.clause("C-LOCK")]
 
-BASES = ([1, 2, 3, 1] * 6, [1, 2, 3, 2] * 6, [3] * 24, [2, 1] * 12)
-TOKENS = st.builds(
-    lambda b, cut, tail: (BASES[b][:cut] + tail) or [1],
-    st.integers(0, len(BASES) - 1), st.integers(0, 24), st.lists(st.integers(1, 3), max_size=5),
-)
 INDEX = st.integers(0, 10**6)
 MODELED = ("hits", "misses", "inserted_pages", "duplicate_pages", "backups", "host_evictions", "host_dropped",
            "load_backs", "load_back_owner_lane_capacity_failed", "load_back_failed_pages")  # fmt: skip
@@ -107,7 +102,7 @@ class Differential(RuleBasedStateMachine):
         return r, len(self.handles) - 1
 
     # ------------------------------------------------------------------------------------- rules
-    @rule(tokens=TOKENS, load=st.booleans(), finish=st.booleans())
+    @rule(tokens=PROMPTS, load=st.booleans(), finish=st.booleans())
     def request(self, tokens, load, finish):
         t = np.asarray(tokens, dtype=np.int64)
         m, hm = self.match(t[:-1], load=load)
@@ -133,7 +128,7 @@ class Differential(RuleBasedStateMachine):
             self.alloc.free(sorted(tail))
             self.ref_alloc.free(sorted(tail))
 
-    @rule(tokens=TOKENS, record=st.booleans(), load=st.booleans())
+    @rule(tokens=PROMPTS, record=st.booleans(), load=st.booleans())
     def probe(self, tokens, record, load):
         self.match(np.asarray(tokens, dtype=np.int64), record=record or load, load=load)
 

@@ -23,6 +23,17 @@ def snapshot(alloc, cache):
             cache.cached_pages_per_lane().tolist(), list(cache.host.items()), alloc.state_digest())  # fmt: skip
 
 
+def two_pages():
+    """C=2, P=4, Q=8, one 8-token prompt cached as pages A then B, nothing locked: m=2 pages in 2C=4
+    segments of sizes 1, 1, 0, 0 give owners z(0)=0, z(1)=1, so A is on lane 0 and B on lane 1."""
+    alloc, cache = make()
+    tokens = np.arange(1, 9)
+    res = insert_prompt(alloc, cache, tokens)
+    page_a, page_b = res.pages.tolist()
+    assert (page_a % 2, page_b % 2) == (0, 1)
+    return alloc, cache, tokens, res, page_a, page_b
+
+
 def insert_prompt(alloc, cache, tokens):
     """Prefill ``tokens`` into fresh pages and hand them to the cache (nothing locked afterwards)."""
     ext = alloc.alloc_extend([0], [len(tokens)], [-1])
@@ -35,13 +46,7 @@ def insert_prompt(alloc, cache, tokens):
 
 @pytest.mark.clause("C-LOCK")
 def test_spec_example_unlock_through_an_ancestor_handle_raises_and_changes_nothing():
-    # C=2, P=4, Q=8: one 8-token prompt is pages A then B; m=2 pages in 2C=4 segments of sizes
-    # 1, 1, 0, 0 give owners z(0)=0, z(1)=1: A on lane 0, B on lane 1.
-    alloc, cache = make()
-    tokens = np.arange(1, 9)
-    res = insert_prompt(alloc, cache, tokens)
-    page_a, page_b = res.pages.tolist()
-    assert (page_a % 2, page_b % 2) == (0, 1)
+    alloc, cache, tokens, res, page_a, page_b = two_pages()  # the SPEC's C=2, P=4, Q=8 example
     handle_b = res.handle  # the 2-page prefix
     handle_a = cache.match_prefix(tokens[:4]).handle  # the 1-page prefix (splits the run [A, B])
     cache.lock(handle_b)
@@ -65,10 +70,7 @@ def test_spec_example_unlock_through_an_ancestor_handle_raises_and_changes_nothi
 def test_no_count_goes_negative_and_a_later_lock_protects():
     # lock(B), unlock(A) (refused), unlock(B): every count is back at 0, never -1; a later lock(A)
     # protects A but not B, which is below it.
-    alloc, cache = make()
-    tokens = np.arange(1, 9)
-    res = insert_prompt(alloc, cache, tokens)
-    page_a, page_b = res.pages.tolist()
+    alloc, cache, tokens, res, page_a, page_b = two_pages()
     handle_a = cache.match_prefix(tokens[:4], record=False).handle  # inside the run [A, B]: no split
     cache.lock(res.handle)
     with pytest.raises(PrefixCacheError, match="unlock without lock"):

@@ -35,17 +35,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from cache_reference import PROMPTS
 from cpkv import CPConfig, LaneExhausted, OwnerLaneAllocator, PrefixCacheError
 from cpkv.cache import PrefixCache
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-RELOAD"), pytest.mark.clause("C-LOCK")]
 
-# Prompts are a cut of one of a few base prompts plus a short random tail, so they share prefixes often.
-BASES = ([1, 2, 3, 1] * 5, [1, 2, 3, 2] * 5, [3] * 20, [2, 1] * 10)
-TOKENS = st.builds(
-    lambda b, cut, tail: (BASES[b][:cut] + tail) or [1],
-    st.integers(0, len(BASES) - 1), st.integers(0, 20), st.lists(st.integers(1, 3), max_size=4),
-)
 INDEX = st.integers(0, 10**6)
 POOL = 16  # handles kept for the lock/unlock rules
 
@@ -214,7 +209,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         req.handle, req.locked = res.handle, k
 
     # --------------------------------------------------------------------------------------- rules
-    @rule(tokens=TOKENS, load=st.booleans())
+    @rule(tokens=PROMPTS, load=st.booleans())
     def start(self, tokens, load):
         t = np.asarray(tokens, dtype=np.int64)
         m = self.match(t[:-1])  # compute at least one token
@@ -232,7 +227,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.write(req)
         self.reqs.append(req)
 
-    @rule(tokens=TOKENS, load=st.booleans())
+    @rule(tokens=PROMPTS, load=st.booleans())
     def whole_request(self, tokens, load):
         n = len(self.reqs)
         self.start(tokens, load)
@@ -240,7 +235,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             self.end(n, True)
 
     @precondition(lambda self: self.reqs)
-    @rule(i=INDEX, more=TOKENS)
+    @rule(i=INDEX, more=PROMPTS)
     def extend(self, i, more):
         req = self.reqs[i % len(self.reqs)]
         try:
@@ -266,18 +261,18 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.cache.unlock(req.handle)
         self.free(req.owned)
 
-    @rule(tokens=TOKENS)
+    @rule(tokens=PROMPTS)
     def probe(self, tokens):
         self.match(np.asarray(tokens, dtype=np.int64))
 
-    @rule(tokens=TOKENS)
+    @rule(tokens=PROMPTS)
     def load(self, tokens):
         t = np.asarray(tokens, dtype=np.int64)
         m = self.match(t)
         if m.host_len:
             self.check_match(t, self.load_back(m, t))
 
-    @rule(tokens=TOKENS)
+    @rule(tokens=PROMPTS)
     def pin(self, tokens):
         t = np.asarray(tokens, dtype=np.int64)
         m = self.match(t)
@@ -305,7 +300,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert d_ev[lane] == freed and d_col[lane] == 0
         assert all(d_ev[r] == d_col[r] for r in range(self.C) if r != lane)
 
-    @rule(tokens=TOKENS, cut=st.integers(0, 12), record=st.booleans())
+    @rule(tokens=PROMPTS, cut=st.integers(0, 12), record=st.booleans())
     def grab(self, tokens, cut, record):
         """A handle of a prefix that may end inside a run (record=False does not split it)."""
         self.match(np.asarray(tokens, dtype=np.int64)[: cut * self.P], record=record)
