@@ -29,18 +29,12 @@ Engine flow for one request (``t`` its token ids, ``row`` its ``req_to_token`` s
     cache.lock(r.handle); cache.unlock(m.handle)                # move the lock to the longer prefix
     # finished: cache.unlock(r.handle); alloc.free([row[len(r.slots)] // P]) if a partial page is left
 
-**Locks (C-LOCK).** A handle names a page-aligned prefix as it is on device when the handle is made;
-``lock(h)`` protects it, ancestors included, and ``unlock`` must go through a handle of that same prefix
-(``radix.py``). Once its pages leave the device a handle is stale: ``lock`` raises, even after a
-load-back put the prefix on other pages. Every misuse raises ``PrefixCacheError`` and changes nothing.
-
-**Eviction order.** Every use (match, insert, load-back, the last unlock) stamps the whole path at once;
-``evict(lane, n)`` takes the unlocked device page of ``lane`` with the oldest stamp, the deepest on a tie,
-together with its device subtree, and repeats: per run that is one cut at the n-th ``lane`` page from the
-bottom, found with numpy, then one ``free`` for the whole call. With a host tier the evicted pages are
-written back ancestors first (``writeback.py``). Every decision is deterministic, so the ranks of a group
-that replay the same calls keep identical trees; ``backup_fn`` / ``restore_fn`` of rank r move only
-lane r's pages.
+Locks (C-LOCK) are counted per handle; a handle names a prefix as it stood on device and goes stale once
+its pages leave. Eviction takes the least recently used page of the lane with its device subtree, per
+run one numpy cut and one allocator ``free`` per call; with a host tier pages are written back
+ancestors first (``writeback.py``). Both are explained in ``docs/prefix-cache.md``. Every decision is
+deterministic, so the ranks of a group that replay the same calls keep identical trees; ``backup_fn`` and
+``restore_fn`` of rank r move only lane r's pages.
 """
 
 from __future__ import annotations
