@@ -8,8 +8,7 @@ pages and their rollback (C-DRAFT) and the pool kinds (C-POOL). Pure CPU state (
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -27,24 +26,52 @@ from .planner import (
     plan_batch,
     zigzag_lane_pages,
 )
+from .single_page import SinglePageTables, alloc_single_page
 
 _I64 = np.int64
 
 
-@dataclass(frozen=True, eq=False)
 class ExtendAllocation:
-    """Result of ``alloc_extend`` / ``alloc_decode`` (SPEC section 10).
+    """Result of ``alloc_extend`` / ``alloc_decode`` (SPEC section 10); read-only.
 
     Attributes:
         out_cache_loc: ``[sum E]`` torch.int64 on the allocator's device: the slot of every extend token,
             flattened in request order (head tokens ``last_loc+1 ...``, then ``p*P + 0 .. P-1`` per new page).
-        plan: the ``BatchPlan`` the pages were allocated for (phases as the policy chose them).
+        plan: the ``BatchPlan`` the pages were allocated for (phases as the policy chose them). When every
+            request needed at most one new page (decode steps, small calls; ``single_page.py``) it is built
+            on first access, by the same ``plan_batch`` call the general path makes, so it is the same plan.
         new_pages: ``[sum m]`` int64 numpy page ids, flat, request order (``plan.page_owners`` order).
     """
 
-    out_cache_loc: torch.Tensor
-    plan: BatchPlan
-    new_pages: np.ndarray
+    __slots__ = ("out_cache_loc", "new_pages", "_plan", "_make_plan")
+
+    def __init__(
+        self,
+        out_cache_loc: torch.Tensor,
+        plan: BatchPlan | None,
+        new_pages: np.ndarray,
+        *,
+        make_plan: Callable[[], BatchPlan] | None = None,
+    ) -> None:
+        if (plan is None) == (make_plan is None):
+            raise AllocatorError("ExtendAllocation needs exactly one of plan and make_plan")
+        for name, value in (("out_cache_loc", out_cache_loc), ("new_pages", new_pages), ("_plan", plan),
+                            ("_make_plan", make_plan)):  # fmt: skip
+            object.__setattr__(self, name, value)
+
+    @property
+    def plan(self) -> BatchPlan:
+        if self._plan is None:
+            object.__setattr__(self, "_plan", self._make_plan())
+            object.__setattr__(self, "_make_plan", None)
+        return self._plan
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"ExtendAllocation is read-only (cannot set {name!r})")
+
+    def __repr__(self) -> str:
+        return (f"ExtendAllocation(tokens={self.out_cache_loc.shape[0]}, new_pages={self.new_pages.shape[0]}, "
+                f"device={self.out_cache_loc.device})")  # fmt: skip
 
 
 class OwnerLaneAllocator:
@@ -107,8 +134,11 @@ class OwnerLaneAllocator:
             [np.arange(q - 1, -1 if r else 0, -1, dtype=_I64) * C + r for r, q in enumerate(caps)]
         )
         self._top = usable.copy()  # [C] free pages
-        self._free = np.zeros(self.num_pages, dtype=bool)
+        # Free bitmap [num_pages + 1]: the extra last entry (never free) is where the single-page path's
+        # clipped out-of-range page ids land.
+        self._free = np.zeros(self.num_pages + 1, dtype=bool)
         self._free[self._stack] = True
+        self._single = SinglePageTables(config.page_size, C, self.lane_pages)
         self.capacity_per_lane = self._top.copy()  # [C] usable pages
 
     # ----------------------------------------------------------------------------------------- queries
@@ -184,6 +214,11 @@ class OwnerLaneAllocator:
                 its ``prefix_len`` (``(last_loc + 1) % P != prefix_len % P``), out of range, or on a free
                 page. LaneExhausted: a lane is short. In every case nothing is allocated.
         """
+        fast = alloc_single_page(self, prefix_lens, extend_lens, last_locs)
+        return fast if fast is not None else self._alloc_planned(prefix_lens, extend_lens, last_locs)
+
+    def _alloc_planned(self, prefix_lens, extend_lens, last_locs) -> ExtendAllocation:
+        """The general path of ``alloc_extend``: plan the batch, pick every run's pages, commit."""
         plan, last = self._plan_extend(prefix_lens, extend_lens, last_locs)
         runs = plan.token_runs
         seg = runs.pages > 0  # the runs of new pages (zigzag segments), in page order
@@ -212,11 +247,25 @@ class OwnerLaneAllocator:
     def alloc_decode(self, seq_lens, last_locs) -> ExtendAllocation:
         """Append one token per request: ``alloc_extend(seq_lens, [1] * B, last_locs)`` (SPEC section 7).
 
-        A new page is taken only when position ``seq_len`` starts a page, on the lane given by C-PHASE
-        (so decode and speculative-draft pages rotate too). Raises as ``alloc_extend``.
+        A new page is taken only when position ``seq_len`` starts a page, on the lane the policy gives
+        (C-PHASE; ``balanced``: C-BALANCED), else the token goes to ``last_loc + 1``. Runs without the
+        extend planner (``single_page.py``); the result's ``plan`` is built on first access.
+
+        Args:
+            seq_lens: ``[B]`` tokens cached per request (ints >= 0; list, numpy or CPU tensor).
+            last_locs: ``[B]`` slot of position ``seq_len - 1``, -1 when ``seq_len == 0``.
+
+        Returns:
+            ``ExtendAllocation`` with ``out_cache_loc`` ``[B]`` int64.
+
+        Raises:
+            As ``alloc_extend``; in every case nothing is allocated.
         """
+        fast = alloc_single_page(self, seq_lens, None, last_locs)
+        if fast is not None:
+            return fast
         L0 = _as_int_array("seq_lens", seq_lens, None)
-        return self.alloc_extend(L0, np.ones_like(L0), last_locs)
+        return self._alloc_planned(L0, np.ones_like(L0), last_locs)
 
     # ------------------------------------------------------------------- speculative decoding (C-DRAFT)
     def alloc_draft(self, seq_lens, last_locs, num_draft_tokens: int) -> ExtendAllocation:
