@@ -36,7 +36,10 @@ class SharedKVLayout:
 
     Every translation accepts a numpy array or torch tensor of any integer dtype on any device (or a
     Python sequence, treated as numpy) and returns the same type, dtype and device. Negative slots (the
-    ``-1`` padding sentinel) pass through unchanged.
+    ``-1`` padding sentinel) pass through unchanged. ``out=`` (optional) is a preallocated result of the
+    same type, dtype, shape and device, C-contiguous, writable and sharing no memory with ``slots``; the
+    translation writes into it and returns it, so repeated translations allocate nothing (if it raises,
+    ``out`` may hold part of the result; ``slots`` is never changed).
 
     A ``replicated`` pool (C-POOL; e.g. the KV of a draft model whose attention has no cross-rank softmax
     merge) has no owners: every rank holds all its ``Q`` pages, slots translate as with C = 1 on every
@@ -49,8 +52,9 @@ class SharedKVLayout:
         kind: ``"sharded"`` (default) or ``"replicated"`` (C-POOL).
 
     Raises:
-        ConfigError: a size below 1, an unknown ``kind``. LayoutError: a slot ``>= num_slots`` or a result
-        that overflows the dtype. PoolKindError: an owner translation of a replicated pool.
+        ConfigError: a size below 1, an unknown ``kind``. LayoutError: a slot ``>= num_slots``, a result that
+        overflows the dtype, or an ``out`` of another type, dtype, shape or device, not contiguous, read-only
+        or overlapping ``slots``. PoolKindError: an owner translation of a replicated pool.
     """
 
     cp_size: int
@@ -74,38 +78,43 @@ class SharedKVLayout:
         """Slots (rows) of one lane: ``Q * P``."""
         return self.pages_per_lane * self.page_size
 
-    def lane_of(self, slots):
+    def lane_of(self, slots, out=None):
         """Owner lane of each slot, ``(slot // P) % C`` (C-LAYOUT); negative slots unchanged.
 
-        Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence (slots).
-        Returns: the same type, dtype, shape and device. Raises: LayoutError (non-integer dtype, slot >= C*Q*P);
-        PoolKindError on a replicated pool (C-POOL).
+        Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence (slots); ``out`` an
+        optional preallocated result (see the class docstring).
+        Returns: the same type, dtype, shape and device (``out`` when given). Raises: LayoutError (non-integer
+        dtype, slot >= C*Q*P, a bad ``out``); PoolKindError on a replicated pool (C-POOL).
         """
         self._require_owners("lane_of")
-        return self._translate(slots, "lane", lambda s, p, o: p % self.cp_size)
+        return self._translate(slots, "lane", lambda s, p, o: p % self.cp_size, out)
 
-    def write_slots(self, slots):
+    def write_slots(self, slots, out=None):
         """Row of each slot in its owner's own lane buffer, ``(p // C) * P + o`` (C-LAYOUT, direct write).
 
-        Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence; -1 passes through.
-        Returns: rows in ``[0, Q*P)``, same type, dtype, shape and device. Raises: LayoutError as ``lane_of``.
-        Replicated pool (C-POOL): the slot itself, the row in every rank's full copy.
+        Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence; -1 passes through;
+        ``out`` an optional preallocated result (see the class docstring).
+        Returns: rows in ``[0, Q*P)``, same type, dtype, shape and device (``out`` when given).
+        Raises: LayoutError as ``lane_of``. Replicated pool (C-POOL): the slot itself, the row in every
+        rank's full copy.
         """
         if self.kind == "replicated":
-            return self._same_slots(slots)
-        return self._translate(slots, "write", lambda s, p, o: (p // self.cp_size) * self.page_size + o)
+            return self._same_slots(slots, out)
+        return self._translate(slots, "write", lambda s, p, o: (p // self.cp_size) * self.page_size + o, out)
 
-    def read_slots(self, slots):
+    def read_slots(self, slots, out=None):
         """Row of each slot in the rank-major view, ``((p % C) * Q + p // C) * P + o`` (C-LAYOUT).
 
-        Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence; -1 passes through.
-        Returns: rows in ``[0, C*Q*P)``, same type, dtype, shape and device. Raises: LayoutError as ``lane_of``,
-        or when a row does not fit the input dtype. Replicated pool (C-POOL): the slot itself.
+        Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence; -1 passes through;
+        ``out`` an optional preallocated result (see the class docstring).
+        Returns: rows in ``[0, C*Q*P)``, same type, dtype, shape and device (``out`` when given).
+        Raises: LayoutError as ``lane_of``, or when a row does not fit the input dtype. Replicated pool
+        (C-POOL): the slot itself.
         """
         if self.kind == "replicated":
-            return self._same_slots(slots)
+            return self._same_slots(slots, out)
         C, Q, P = self.cp_size, self.pages_per_lane, self.page_size
-        return self._translate(slots, "read", lambda s, p, o: ((p % C) * Q + p // C) * P + o)
+        return self._translate(slots, "read", lambda s, p, o: ((p % C) * Q + p // C) * P + o, out)
 
     def owned_mask(self, slots, rank: int):
         """Bool mask, same shape: ``slot >= 0 and lane(slot) == rank`` (C-LAYOUT); numpy in, numpy out.
@@ -130,10 +139,15 @@ class SharedKVLayout:
                 f"(the slot itself) and no owner filter"
             )
 
-    def _same_slots(self, slots):
-        """A replicated pool's translation (C = 1 on every rank): a copy of the checked ``slots``."""
+    def _same_slots(self, slots, out=None):
+        """A replicated pool's translation (C = 1 on every rank): a copy of the checked ``slots`` (into
+        ``out`` when given)."""
         slots = self._check(slots)
-        return slots.clone() if _is_torch(slots) else slots.copy()
+        if out is None:
+            return slots.clone() if _is_torch(slots) else slots.copy()
+        _check_out(slots, out)
+        out.copy_(slots) if _is_torch(slots) else np.copyto(out, slots)
+        return out
 
     def _check(self, slots):
         """``slots`` as an integer numpy array or torch tensor, all ``< C*Q*P``; else LayoutError."""
@@ -160,26 +174,37 @@ class SharedKVLayout:
             )
         return slots
 
-    def _translate(self, slots, kind: str, fn):
+    def _translate(self, slots, kind: str, fn, out=None):
         """numpy arrays and CPU tensors: the blocked kernel ``_translate_numpy``; other devices, and any
         input the kernel finds out of range or overflowing, take ``_map`` (the formula ``fn`` as written,
-        which raises the errors)."""
-        if _is_torch(slots):
+        which raises the errors). With ``out``, the result is written into it."""
+        torch_in = _is_torch(slots)
+        if not torch_in and not isinstance(slots, np.ndarray):
+            slots = self._check(slots)  # a Python sequence: as numpy, integers only
+        if out is not None:
+            _check_out(slots, out)
+        if torch_in:
             import torch
 
             numpy_dtypes = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-            if slots.device.type != "cpu" or slots.dtype not in numpy_dtypes:
-                return self._map(slots, fn)
-            out = self._translate_numpy(slots.numpy(), kind)  # shares memory with the tensor
-            return self._map(slots, fn) if out is None else torch.from_numpy(out)
-        if not isinstance(slots, np.ndarray) or not np.issubdtype(slots.dtype, np.integer):
-            return self._map(slots, fn)
-        out = self._translate_numpy(slots, kind)
-        return self._map(slots, fn) if out is None else out
+            if slots.device.type == "cpu" and slots.dtype in numpy_dtypes:  # zero-copy numpy views
+                res = self._translate_numpy(slots.numpy(), kind, None if out is None else out.numpy())
+                if res is not None:
+                    return out if out is not None else torch.from_numpy(res)
+        elif np.issubdtype(slots.dtype, np.integer):
+            res = self._translate_numpy(slots, kind, out)
+            if res is not None:
+                return res
+        res = self._map(slots, fn)
+        if out is None:
+            return res
+        out.copy_(res) if torch_in else np.copyto(out, res)
+        return out
 
-    def _translate_numpy(self, slots: np.ndarray, kind: str) -> np.ndarray | None:
-        """``kind`` ("lane", "write" or "read") of integer ``slots``, same dtype and shape; None when a slot
-        is ``>= C*Q*P`` or a result may not fit the dtype (the caller then takes the formula path).
+    def _translate_numpy(self, slots: np.ndarray, kind: str, out: np.ndarray | None = None) -> np.ndarray | None:
+        """``kind`` ("lane", "write" or "read") of integer ``slots``, same dtype and shape, written into
+        ``out`` (C-contiguous, same dtype and shape) or a new array; None when a slot is ``>= C*Q*P`` or a
+        result may not fit the dtype (the caller then takes the formula path).
 
         Works on blocks of ``_BLOCK`` slots so that every temporary stays in cache: one read of the input,
         one write of the output. With page ``p = s // P`` and local page ``l = p // C``: lane ``p - l*C``,
@@ -190,13 +215,17 @@ class SharedKVLayout:
         C, P, Q, n_slots = self.cp_size, self.page_size, self.pages_per_lane, self.num_slots
         work = np.int32 if n_slots <= np.iinfo(np.int32).max else np.int64
         src = slots.reshape(-1)
-        out = np.empty(src.shape, dtype=slots.dtype)
+        if out is None:
+            out = np.empty(slots.shape, dtype=slots.dtype)
+        dst_all = out.reshape(-1)  # a view: out is C-contiguous
         direct = slots.dtype == work  # compute straight from the input into the output
         signed = np.issubdtype(slots.dtype, np.signedinteger)
         fits = kind == "lane" or _int_max(slots.dtype) >= n_slots - 1
-        x, p, local, r = (np.empty(min(_BLOCK, src.shape[0]), dtype=work) for _ in range(4))
+        size = min(_BLOCK, src.shape[0])
+        x, p, local, r = (np.empty(size, dtype=work) for _ in range(4))
+        neg = np.empty(size, dtype=bool)
         for i in range(0, src.shape[0], _BLOCK):
-            blk, dst = src[i : i + _BLOCK], out[i : i + _BLOCK]
+            blk, dst = src[i : i + _BLOCK], dst_all[i : i + _BLOCK]
             k = blk.shape[0]
             if int(blk.max()) >= n_slots:
                 return None
@@ -222,9 +251,12 @@ class SharedKVLayout:
                 if not fits and int(res.max()) > _int_max(slots.dtype):
                     return None  # (res at negative slots is noise: the formula path decides)
                 np.copyto(dst, res, casting="unsafe")
-            if signed and int(blk.min()) < 0:
-                np.copyto(dst, blk, where=blk < 0)  # negative slots pass through
-        return out.reshape(slots.shape)
+            if signed:
+                nb = neg[:k]
+                np.less(blk, 0, out=nb)
+                if nb.any():
+                    np.copyto(dst, blk, where=nb)  # negative slots pass through
+        return out
 
     def _map(self, slots, fn):
         slots = self._check(slots)
@@ -243,7 +275,33 @@ class SharedKVLayout:
         return out
 
 
-_BLOCK = 1 << 14  # slots per block of _translate_numpy: its four temporaries (<= 128 KiB each) stay in L2
+_BLOCK = 1 << 16  # slots per block of _translate_numpy: its temporaries (<= 512 KiB each) stay in L2
+
+
+def _check_out(slots, out) -> None:
+    """LayoutError unless ``out`` can take the translation of ``slots``: the same type (numpy / torch),
+    dtype, shape and device, C-contiguous, writable, and no memory shared with ``slots``."""
+    if _is_torch(slots):
+        if not _is_torch(out):
+            raise LayoutError(f"out must be a torch tensor like slots, got {type(out).__name__}")
+        if out.dtype != slots.dtype or out.shape != slots.shape or out.device != slots.device:
+            raise LayoutError(
+                f"out is {out.dtype} {tuple(out.shape)} on {out.device}, but slots are {slots.dtype} "
+                f"{tuple(slots.shape)} on {slots.device}"
+            )
+        if not out.is_contiguous():
+            raise LayoutError(f"out must be contiguous (strides {out.stride()})")
+        if out.numel() and slots.numel() and out.untyped_storage().data_ptr() == slots.untyped_storage().data_ptr():
+            raise LayoutError("out shares memory with slots; translate into a separate buffer")
+        return
+    if not isinstance(out, np.ndarray):
+        raise LayoutError(f"out must be a numpy array like slots, got {type(out).__name__}")
+    if out.dtype != slots.dtype or out.shape != slots.shape:
+        raise LayoutError(f"out is {out.dtype} {out.shape}, but slots are {slots.dtype} {slots.shape}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise LayoutError("out must be C-contiguous and writable")
+    if np.may_share_memory(out, slots):
+        raise LayoutError("out shares memory with slots; translate into a separate buffer")
 
 
 def _torch_int64():
