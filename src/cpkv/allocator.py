@@ -17,6 +17,7 @@ from .config import CPConfig, per_lane_ints
 from .errors import AllocatorError, ConfigError, LaneExhausted, PlanError
 from .kernels import fill_out_cache_loc, use_kernels
 from .layout import check_pool_kind
+from .limits import check_bytes
 from .planner import (
     BatchPlan,
     _as_int_array,
@@ -97,7 +98,8 @@ class OwnerLaneAllocator:
     Raises:
         ConfigError: ``config`` not a ``CPConfig``; a capacity that is not an integer >= 1, or a list whose
             length is not ``cp_size`` (replicated: a list at all); a ``device`` torch cannot allocate on; a bad
-            ``CPKV_KERNELS``; an unknown ``kind``.
+            ``CPKV_KERNELS``; an unknown ``kind``; a pool whose page tables (at most 32 B per page while built)
+            would exceed ``cpkv.limits.MAX_ARRAY_BYTES``.
         KernelVersionError: a CUDA ``device`` without a usable Triton (``CPKV_KERNELS=off`` avoids it).
     """
 
@@ -115,6 +117,9 @@ class OwnerLaneAllocator:
             config = CPConfig(1, config.page_size, config.owner_policy)  # no owners: one lane (C-POOL)
         C = config.cp_size
         caps = per_lane_ints("pages_per_lane", pages_per_lane, C, 1)
+        num_pages = C * max(caps)
+        check_bytes(f"an allocator of {num_pages:,} pages ({C} lanes of up to {max(caps):,})", 32 * num_pages,
+                    ConfigError, "lower pages_per_lane")  # fmt: skip
         self.config = config
         try:
             self.device = torch.device(device)
@@ -210,7 +215,8 @@ class OwnerLaneAllocator:
             ``[4,8,1,5,2,6,3,7,11,15,10,14,9,13,12,16]``, ``out_cache_loc`` starts ``256..319, 512..575``.
 
         Raises:
-            PlanError: bad lengths or mismatched arrays. AllocatorError: a ``last_loc`` inconsistent with
+            PlanError: bad lengths or mismatched arrays, or a plan above ``cpkv.limits.MAX_ARRAY_BYTES``
+                (checked before any array is built). AllocatorError: a ``last_loc`` inconsistent with
                 its ``prefix_len`` (``(last_loc + 1) % P != prefix_len % P``), out of range, or on a free
                 page. LaneExhausted: a lane is short. In every case nothing is allocated.
         """

@@ -17,6 +17,7 @@ import numpy as np
 
 from .config import CPConfig, check_int
 from .errors import PlanError, UnsupportedPagePlan
+from .limits import check_bytes
 
 _I64 = np.int64
 
@@ -367,6 +368,36 @@ def _lengths(prefix_lens, extend_lens, first_index: int = 0) -> tuple[np.ndarray
     return L0, E
 
 
+def plan_bytes(prefix_lens: np.ndarray, extend_lens: np.ndarray, config: CPConfig) -> tuple[int, int, int]:
+    """``(tokens, new pages, bytes)`` of a batch's plan with its allocation, from the lengths alone.
+
+    Bytes: 8 per token for each of ``token_owner``, ``gather_index`` and ``out_cache_loc``, 8 per new page
+    for each of ``page_owners`` and ``new_pages``, and about 80 per request and segment (``B x (2C + 1)``
+    segment tables and token runs). ``prefix_lens``, ``extend_lens``: int64 ``[B]`` (checked lengths).
+    Example C=4, P=64, one request of 1000 tokens: 16 pages, 8 * (3000 + 32) + 80 * 9 = 24,976 bytes.
+    """
+    P, C = config.page_size, config.cp_size
+    pages = -(-(prefix_lens + extend_lens) // P) - -(-prefix_lens // P)  # [B], each <= 2**53
+    tokens, n_pages = _exact_sum(extend_lens), _exact_sum(pages)
+    return tokens, n_pages, 8 * (3 * tokens + 2 * n_pages) + 80 * extend_lens.shape[0] * (2 * C + 1)
+
+
+def check_plan_size(prefix_lens: np.ndarray, extend_lens: np.ndarray, config: CPConfig) -> None:
+    """PlanError naming the bytes when a plan of these lengths would exceed ``cpkv.limits.MAX_ARRAY_BYTES``
+    (checked before any array of the plan exists). Arguments as ``plan_bytes``."""
+    tokens, pages, nbytes = plan_bytes(prefix_lens, extend_lens, config)
+    check_bytes(
+        f"a plan of {extend_lens.shape[0]:,} request(s), {tokens:,} tokens and {pages:,} new pages at cp_size="
+        f"{config.cp_size}", nbytes, PlanError, "split the batch or prefill in chunks",
+    )  # fmt: skip
+
+
+def _exact_sum(values: np.ndarray) -> int:
+    """Sum of non-negative int64 values as a Python int, without int64 overflow."""
+    total = float(values.sum(dtype=np.float64))
+    return int(values.sum()) if total < 2**62 else int(total)
+
+
 def _first_bad(mask: np.ndarray) -> int | None:
     bad = np.flatnonzero(mask)
     return int(bad[0]) if bad.size else None
@@ -378,6 +409,8 @@ def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index:
         raise PlanError(f"config must be a CPConfig, got {type(config).__name__}")
     C, P = config.cp_size, config.page_size
     L0, E = _lengths(prefix_lens, extend_lens, first_index)
+    L0, E = L0.copy(), E.copy()  # the plan's own arrays, never the caller's (they are made read-only below)
+    check_plan_size(L0, E, config)
     B = L0.shape[0]
     head = _optional_lanes("head_owners", head_owners, B, C)
     req_idx = np.arange(first_index, first_index + B, dtype=_I64)

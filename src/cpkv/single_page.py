@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from .limits import MAX_ARRAY_BYTES
 from .planner import MAX_POSITION, expand_runs, plan_batch
 
 if TYPE_CHECKING:
@@ -129,6 +130,8 @@ def _decode_rows(alloc: OwnerLaneAllocator, L0: np.ndarray, last: np.ndarray) ->
     """E = 1: ``(rows that take a new page, last_locs + 1)``, or None. Valid here: ``1 <= L0 <=
     MAX_POSITION - 1``, ``last_loc`` on a held page with ``(last_loc + 1) % P == L0 % P`` (C-FAIL-FAST)."""
     t = alloc._single
+    if _too_big(alloc, L0.shape[0], 1):
+        return None
     lm1 = L0 - t.one
     page = last // t.P  # out-of-range ids clip onto unusable entries (page 0, or the one past the pool)
     off = last % t.P
@@ -146,6 +149,8 @@ def _extend_rows(alloc, L0, E, last) -> tuple[np.ndarray, np.ndarray] | None:
     t, P = alloc._single, alloc.config.page_size
     if E is None or E.shape != L0.shape or E.max() >= 2 * P or (L0 | E).min() < 0:
         return None
+    if _too_big(alloc, L0.shape[0], int(E.max())):
+        return None
     end = L0 + E  # a sum past int64 wraps negative: huge as uint64
     if end.view(_U64).max() > MAX_POSITION:
         return None
@@ -160,6 +165,12 @@ def _extend_rows(alloc, L0, E, last) -> tuple[np.ndarray, np.ndarray] | None:
     if m.max() > 1:
         return None
     return m.nonzero()[0], nxt
+
+
+def _too_big(alloc: OwnerLaneAllocator, B: int, max_extend: int) -> bool:
+    """Whether the plan might exceed ``MAX_ARRAY_BYTES`` (an upper bound of ``planner.plan_bytes``); the
+    general path then checks exactly and raises its PlanError."""
+    return 8 * (3 * B * max_extend + 2 * B) + 80 * B * (2 * alloc.config.cp_size + 1) > MAX_ARRAY_BYTES
 
 
 def _new_page_lanes(alloc: OwnerLaneAllocator, L0: np.ndarray, new_rows: np.ndarray) -> list[int]:

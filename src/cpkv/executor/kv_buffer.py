@@ -34,6 +34,7 @@ import torch.distributed as dist
 from ..config import check_int
 from ..errors import ConfigError
 from ..layout import SharedKVLayout
+from ..limits import check_bytes
 from .errors import LaneWriteError
 from .group import RankGroup
 
@@ -120,7 +121,8 @@ def create_kv_buffer(
         A ``KVBuffer`` with every row NaN.
 
     Raises:
-        ConfigError: unknown ``kind``, ``shm`` on a non-CPU device, or a layout of another group size.
+        ConfigError: unknown ``kind``, ``shm`` on a non-CPU device, a layout of another group size, or a
+            buffer above ``cpkv.limits.MAX_ARRAY_BYTES`` (checked before allocating).
         OSError: the shm file cannot be created or mapped (on every rank).
     """
     check_int("num_layers", num_layers, 1)
@@ -135,6 +137,8 @@ def create_kv_buffer(
     if layout.cp_size != group.world_size:
         raise ConfigError(f"layout cp_size={layout.cp_size} but the group has {group.world_size} ranks")
     shape = (num_layers, layout.num_slots, row_width)
+    check_bytes(f"a KV buffer of {num_layers} layers x {layout.num_slots:,} slots x {row_width} floats",
+                4 * num_layers * layout.num_slots * row_width, ConfigError, "lower --pages-per-lane")  # fmt: skip
     if kind == "mirrored":
         storage = torch.full(shape, float("nan"), dtype=torch.float32, device=group.device)
         return KVBuffer(layout, group.rank, storage, kind)

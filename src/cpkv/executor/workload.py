@@ -15,6 +15,7 @@ import numpy as np
 
 from ..config import check_int
 from ..errors import PlanError
+from ..limits import check_bytes
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ def make_workload(
         reuse, reload: as above (``reload`` implies ``reuse``).
 
     Raises:
-        PlanError: mismatched lists, no request, a negative length or a zero extend (names the request).
+        PlanError: mismatched lists, no request, a negative length or a zero extend (names the request);
+            token ids above ``cpkv.limits.MAX_ARRAY_BYTES`` (48 B per token as Python tuples, checked first).
         ConfigError: ``chunks`` or ``vocab_size`` below 1.
     """
     chunks = check_int("chunks", chunks, 1)
@@ -89,6 +91,10 @@ def make_workload(
             raise PlanError(
                 f"request {i}: extend_len=0; every request of the workload computes at least one token"
             )
+    tokens = sum(prefix_lens) + sum(extend_lens)
+    tokens += tokens + sum(max(1, E // 2) for E in extend_lens) if reuse or reload else 0
+    check_bytes(f"a run-dist workload of {tokens:,} tokens", 48 * tokens, PlanError,
+                "the reference executor is for small checks")  # fmt: skip
     rng = np.random.default_rng(seed)
     B = len(extend_lens)
     requests = [

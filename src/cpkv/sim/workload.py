@@ -30,6 +30,7 @@ import numpy as np
 
 from ..config import check_int
 from ..errors import ConfigError, CpkvError
+from ..limits import MAX_ARRAY_BYTES
 
 TRACE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` block in Mooncake traces (the last block of a prompt may be partial)."""
@@ -111,8 +112,9 @@ def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) ->
         ``Request`` records, ``req_id`` = 0-based line order, ``arrival_ms = float(timestamp)``.
 
     Raises:
-        TraceError: the file cannot be read, holds no request line, or a line is malformed; the
-            message is ``"{path}:{lineno}: {what}"`` naming the field and value. Nothing is returned.
+        TraceError: the file cannot be read, holds no request line, or a line is malformed or would need
+            more than ``cpkv.limits.MAX_ARRAY_BYTES`` (8 B per prompt token twice, per output token once);
+            the message is ``"{path}:{lineno}: {what}"`` naming the field and value. Nothing is returned.
         ConfigError: ``max_requests`` is not an int >= 1.
     """
     if max_requests is not None:
@@ -149,6 +151,13 @@ def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) ->
             raise TraceError(
                 f"{where}: field 'hash_ids' has {len(line.hash_ids)} block ids but input_length "
                 f"{line.input_length} needs ceil({line.input_length} / {TRACE_BLOCK_TOKENS}) = {needed}"
+            )
+        nbytes = 8 * (2 * line.input_length + line.output_length)  # token ids and the request's slot row
+        if nbytes > MAX_ARRAY_BYTES:
+            raise TraceError(
+                f"{where}: input_length {line.input_length} + output_length {line.output_length} would need "
+                f"{nbytes:,} bytes of arrays for this request, above cpkv's limit of {MAX_ARRAY_BYTES:,} bytes "
+                f"(cpkv.limits.MAX_ARRAY_BYTES)"
             )
         previous_ms = line.timestamp
         requests.append(Request(index, line.timestamp, line.input_length, line.output_length, line.hash_ids))
