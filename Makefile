@@ -1,6 +1,8 @@
 # Two entry points that work on a fresh machine: `make demo` and `make test`.
 # Both create .venv and install cpkv into it first. `make test-sglang` runs the SGLang integration tests
 # in their own .venv-sglang (SGLang 0.5.23 without its dependencies, plus the pinned set it imports).
+# `make test-quick` is the edit loop: unit tests without the ones marked slow or distributed (CI
+# runs `make test`, everything).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -16,7 +18,7 @@ SGLANG_VENV ?= .venv-sglang
 SGLANG_BIN  := $(SGLANG_VENV)/bin
 SGLANG_REQS := tests/integration/sglang/requirements.txt
 
-.PHONY: install demo test test-sglang lint clean
+.PHONY: install demo test test-quick test-sglang lint clean
 
 # torch is most of the install time (minutes): its pip runs without -q so its download and install
 # progress show.

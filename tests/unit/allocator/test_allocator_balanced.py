@@ -151,6 +151,7 @@ def test_request_without_new_pages_takes_the_rotation_phase():
     assert alloc.free_pages_per_lane().tolist() == before
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     C=st.integers(1, 8),
@@ -193,6 +194,7 @@ def _hold_prefix_pages(alloc: OwnerLaneAllocator, L0s: list[int], P: int) -> tup
     return out_L0, lasts
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     C=st.integers(2, 8),

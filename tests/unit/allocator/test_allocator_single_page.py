@@ -136,6 +136,7 @@ def expect_single_page(L0s, Es, P, decode) -> bool:
     return max(m) <= 1 and (min(L0s) >= 1 if decode else max(Es) < 2 * P)
 
 
+@pytest.mark.slow
 @pytest.mark.clause("C-ALLOC")
 @pytest.mark.clause("C-BALANCED")
 @pytest.mark.parametrize("decode", [True, False], ids=["alloc_decode", "alloc_extend"])

@@ -329,9 +329,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert is_free[p] == (exists and p not in held_set), p
 
 
-TestAllocatorStateMachine = pytest.mark.clause("C-ALLOC")(
+TestAllocatorStateMachine = pytest.mark.slow(pytest.mark.clause("C-ALLOC")(
     pytest.mark.clause("C-ATOMIC")(pytest.mark.clause("C-BALANCED")(AllocatorMachine.TestCase))
-)
+))
 TestAllocatorStateMachine.settings = hsettings(max_examples=50, stateful_step_count=30, deadline=None)
 
 
@@ -397,6 +397,7 @@ def drive(allocs, rng: random.Random, C: int, P: int, Q: int, steps: int) -> lis
     return log
 
 
+@pytest.mark.slow
 @pytest.mark.clause("C-ALLOC")
 @given(
     seed=st.integers(0, 2**32 - 1),

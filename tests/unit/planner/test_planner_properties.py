@@ -304,6 +304,7 @@ def test_spec_examples(C, P, L0, E, i, head):
 # ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.clause("C-BATCH")
 @SETTINGS
 @given(batch_cases())
@@ -331,6 +332,7 @@ def test_batch_matches_oracle(case):
     assert (got.config.cp_size, got.config.page_size) == (C, case["P"])
 
 
+@pytest.mark.slow
 @pytest.mark.clause("C-BATCH")
 @SETTINGS
 @given(batch_cases())
@@ -403,6 +405,7 @@ def simulated_all_gather(token_owner: np.ndarray, C: int, M: int, send_order) ->
     return gathered
 
 
+@pytest.mark.slow
 @pytest.mark.clause("C-GATHER")
 @SETTINGS
 @given(batch_cases(), st.data())
@@ -425,6 +428,7 @@ def test_gather_index_restores_flat_order(case, data):
 # ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.clause("C-ESTIMATE")
 @SETTINGS
 @given(batch_cases())
@@ -539,6 +543,7 @@ def test_no_head_owner_needed_without_head_tokens():
     assert plan_request(128, 5, cfg).head_tokens == 0
 
 
+@pytest.mark.slow
 @pytest.mark.clause("C-FAIL-FAST")
 @SETTINGS
 @given(batch_cases(), st.data())

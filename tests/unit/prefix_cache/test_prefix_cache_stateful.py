@@ -396,6 +396,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert self.alloc.free_pages_per_lane().tolist() == self.alloc.capacity_per_lane.tolist()
 
 
+@pytest.mark.slow
 def test_prefix_cache_state_machine():
     run_state_machine_as_test(
         PrefixCacheMachine,

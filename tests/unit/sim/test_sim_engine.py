@@ -30,6 +30,7 @@ def _check_conservation(metrics, requests):
     assert finished_prompt == sum(r.input_length for r in requests if r.req_id not in rejected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["rotation", "legacy", "balanced"])
 def test_small_synthetic_run_conserves_tokens(policy):
     spec = build_workload("synthetic", num_requests=40, seed=3)
@@ -67,6 +68,7 @@ def test_oversized_prompt_is_rejected_with_reason_not_aborting():
     _check_conservation(m, reqs)
 
 
+@pytest.mark.slow
 def test_tiny_chunks_legacy_livelocks_rotation_and_balanced_finish():
     spec = build_workload("tiny-chunks", num_requests=32, seed=0)
     cfg = SimConfig.for_workload(spec, cp_size=8, page_size=64, livelock_steps=32)
@@ -96,6 +98,7 @@ def test_metric_definitions():
     assert compute_imbalance_mean(np.array([[1.0, 1.0], [3.0, 1.0]])) == pytest.approx(1.25)
 
 
+@pytest.mark.slow
 def test_outputs_written(tmp_path):
     spec = build_workload("synthetic", num_requests=20, seed=1)
     res = simulate(SMALL, spec, ["rotation", "legacy"], out_dir=tmp_path, progress=False, table=False)
@@ -151,6 +154,7 @@ def test_cli_simulate_checks_out_dir_before_running(tmp_path, capsys):
         assert message in err.err and err.out == ""  # failed before replaying anything
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("colocated_decode", [False, True])
 def test_no_page_leaks_after_replay(colocated_decode):
     # After every request finished, the only pages in use are the prefix cache's: nothing leaked.
