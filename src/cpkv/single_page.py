@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from .allocation import ExtendAllocation
 from .limits import MAX_ARRAY_BYTES
 from .planner import MAX_POSITION, expand_runs, plan_batch
 
 if TYPE_CHECKING:
-    from .allocator import ExtendAllocation, OwnerLaneAllocator
+    from .allocator import OwnerLaneAllocator
 
 _I64, _U64 = np.int64, np.uint64
 _SMALL = 32  # up to this many new pages are placed in Python (cheaper than the vectorised _pick)
@@ -75,8 +76,6 @@ def alloc_single_page(alloc: OwnerLaneAllocator, prefix_lens, extend_lens, last_
         None when the batch is empty, a request needs two or more new pages, an input is not a 1-D int64
         array, CPU tensor or list of ints, or any input is invalid (the general path raises the error).
     """
-    from .allocator import ExtendAllocation
-
     L0, last = _int64(prefix_lens), _int64(last_locs)
     if L0 is None or last is None or L0.shape[0] == 0 or last.shape != L0.shape:
         return None

@@ -1,0 +1,57 @@
+"""The result of one allocation call: ``ExtendAllocation`` (SPEC section 10)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from .errors import AllocatorError
+from .planner import BatchPlan
+
+__all__ = ["ExtendAllocation"]
+
+
+class ExtendAllocation:
+    """Result of ``alloc_extend`` / ``alloc_decode`` (SPEC section 10); read-only.
+
+    Attributes:
+        out_cache_loc: ``[sum E]`` torch.int64 on the allocator's device: the slot of every extend token,
+            flattened in request order (head tokens ``last_loc+1 ...``, then ``p*P + 0 .. P-1`` per new page).
+        plan: the ``BatchPlan`` the pages were allocated for (phases as the policy chose them). When every
+            request needed at most one new page (decode steps, small calls; ``single_page.py``) it is built
+            on first access, by the same ``plan_batch`` call the general path makes, so it is the same plan.
+        new_pages: ``[sum m]`` int64 numpy page ids, flat, request order (``plan.page_owners`` order).
+    """
+
+    __slots__ = ("out_cache_loc", "new_pages", "_plan", "_make_plan")
+
+    def __init__(
+        self,
+        out_cache_loc: torch.Tensor,
+        plan: BatchPlan | None,
+        new_pages: np.ndarray,
+        *,
+        make_plan: Callable[[], BatchPlan] | None = None,
+    ) -> None:
+        if (plan is None) == (make_plan is None):
+            raise AllocatorError("ExtendAllocation needs exactly one of plan and make_plan")
+        for name, value in (("out_cache_loc", out_cache_loc), ("new_pages", new_pages), ("_plan", plan),
+                            ("_make_plan", make_plan)):  # fmt: skip
+            object.__setattr__(self, name, value)
+
+    @property
+    def plan(self) -> BatchPlan:
+        """The ``BatchPlan`` of the call (built by ``plan_batch`` on first access where it was deferred)."""
+        if self._plan is None:
+            object.__setattr__(self, "_plan", self._make_plan())
+            object.__setattr__(self, "_make_plan", None)
+        return self._plan
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"ExtendAllocation is read-only (cannot set {name!r})")
+
+    def __repr__(self) -> str:
+        return (f"ExtendAllocation(tokens={self.out_cache_loc.shape[0]}, new_pages={self.new_pages.shape[0]}, "
+                f"device={self.out_cache_loc.device})")  # fmt: skip
