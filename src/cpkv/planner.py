@@ -15,9 +15,9 @@ from functools import cached_property
 
 import numpy as np
 
+from . import limits
 from .config import CPConfig, check_int
 from .errors import PlanError, UnsupportedPagePlan
-from .limits import check_bytes
 
 _I64 = np.int64
 
@@ -384,9 +384,15 @@ def plan_bytes(prefix_lens: np.ndarray, extend_lens: np.ndarray, config: CPConfi
 
 def check_plan_size(prefix_lens: np.ndarray, extend_lens: np.ndarray, config: CPConfig) -> None:
     """PlanError naming the bytes when a plan of these lengths would exceed ``cpkv.limits.MAX_ARRAY_BYTES``
-    (checked before any array of the plan exists). Arguments as ``plan_bytes``."""
+    (checked before any array of the plan exists). Arguments as ``plan_bytes``. A bound from the longest
+    extend (every request at most ``E_max`` tokens and ``E_max // P + 2`` pages) settles most calls with
+    one reduction; only near or above the limit are the exact bytes computed."""
+    B, P, C = extend_lens.shape[0], config.page_size, config.cp_size
+    e = int(extend_lens.max()) if B else 0
+    if 8 * B * (3 * e + 2 * (e // P + 2)) + 80 * B * (2 * C + 1) <= limits.MAX_ARRAY_BYTES:
+        return
     tokens, pages, nbytes = plan_bytes(prefix_lens, extend_lens, config)
-    check_bytes(
+    limits.check_bytes(
         f"a plan of {extend_lens.shape[0]:,} request(s), {tokens:,} tokens and {pages:,} new pages at cp_size="
         f"{config.cp_size}", nbytes, PlanError, "split the batch or prefill in chunks",
     )  # fmt: skip

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from . import limits
 from .allocation import ExtendAllocation
-from .limits import MAX_ARRAY_BYTES
 from .planner import MAX_POSITION, expand_runs, plan_batch
 
 if TYPE_CHECKING:
@@ -76,11 +76,15 @@ def alloc_single_page(alloc: OwnerLaneAllocator, prefix_lens, extend_lens, last_
         None when the batch is empty, a request needs two or more new pages, an input is not a 1-D int64
         array, CPU tensor or list of ints, or any input is invalid (the general path raises the error).
     """
+    E = None
+    if extend_lens is not None:  # a long request rules the path out first (bulk calls pay only this)
+        E = _int64(extend_lens)
+        if E is None or E.shape[0] == 0 or E.max() >= 2 * alloc.config.page_size:
+            return None
     L0, last = _int64(prefix_lens), _int64(last_locs)
     if L0 is None or last is None or L0.shape[0] == 0 or last.shape != L0.shape:
         return None
-    E = None if extend_lens is None else _int64(extend_lens)
-    rows = _decode_rows(alloc, L0, last) if extend_lens is None else _extend_rows(alloc, L0, E, last)
+    rows = _decode_rows(alloc, L0, last) if E is None else _extend_rows(alloc, L0, E, last)
     if rows is None:
         return None
     new_rows, nxt = rows
@@ -142,11 +146,11 @@ def _decode_rows(alloc: OwnerLaneAllocator, L0: np.ndarray, last: np.ndarray) ->
 
 
 def _extend_rows(alloc, L0, E, last) -> tuple[np.ndarray, np.ndarray] | None:
-    """E given: ``(rows that take a new page, last_locs + 1)``, or None (also when a request needs two
-    pages). Valid: ``L0, E >= 0``, ``L0 + E <= MAX_POSITION``; ``last_loc = -1`` exactly when ``L0 == 0``,
+    """E given (each below 2P): ``(rows that take a new page, last_locs + 1)``, or None (also when a request
+    needs two pages). Valid: ``L0, E >= 0``, ``L0 + E <= MAX_POSITION``; ``last_loc = -1`` exactly when ``L0 == 0``,
     else on a held page with ``(last_loc + 1) % P == L0 % P`` (C-FAIL-FAST)."""
     t, P = alloc._single, alloc.config.page_size
-    if E is None or E.shape != L0.shape or E.max() >= 2 * P or (L0 | E).min() < 0:
+    if E.shape != L0.shape or (L0 | E).min() < 0:
         return None
     if _too_big(alloc, L0.shape[0], int(E.max())):
         return None
@@ -169,7 +173,7 @@ def _extend_rows(alloc, L0, E, last) -> tuple[np.ndarray, np.ndarray] | None:
 def _too_big(alloc: OwnerLaneAllocator, B: int, max_extend: int) -> bool:
     """Whether the plan might exceed ``MAX_ARRAY_BYTES`` (an upper bound of ``planner.plan_bytes``); the
     general path then checks exactly and raises its PlanError."""
-    return 8 * (3 * B * max_extend + 2 * B) + 80 * B * (2 * alloc.config.cp_size + 1) > MAX_ARRAY_BYTES
+    return 8 * (3 * B * max_extend + 2 * B) + 80 * B * (2 * alloc.config.cp_size + 1) > limits.MAX_ARRAY_BYTES
 
 
 def _new_page_lanes(alloc: OwnerLaneAllocator, L0: np.ndarray, new_rows: np.ndarray) -> list[int]:

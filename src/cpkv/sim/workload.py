@@ -28,9 +28,9 @@ from typing import Annotated
 import msgspec
 import numpy as np
 
+from .. import limits
 from ..config import check_int
 from ..errors import ConfigError, CpkvError
-from ..limits import MAX_ARRAY_BYTES
 
 TRACE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` block in Mooncake traces (the last block of a prompt may be partial)."""
@@ -153,10 +153,10 @@ def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) ->
                 f"{line.input_length} needs ceil({line.input_length} / {TRACE_BLOCK_TOKENS}) = {needed}"
             )
         nbytes = 8 * (2 * line.input_length + line.output_length)  # token ids and the request's slot row
-        if nbytes > MAX_ARRAY_BYTES:
+        if nbytes > limits.MAX_ARRAY_BYTES:
             raise TraceError(
                 f"{where}: input_length {line.input_length} + output_length {line.output_length} would need "
-                f"{nbytes:,} bytes of arrays for this request, above cpkv's limit of {MAX_ARRAY_BYTES:,} bytes "
+                f"{nbytes:,} bytes of arrays for this request, above cpkv's limit of {limits.MAX_ARRAY_BYTES:,} bytes "
                 f"(cpkv.limits.MAX_ARRAY_BYTES)"
             )
         previous_ms = line.timestamp

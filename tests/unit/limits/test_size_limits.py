@@ -73,7 +73,6 @@ def test_alloc_extend_and_decode_fail_before_allocating_and_change_nothing(monke
     assert peak < 2**20 and snapshot(alloc) == before
     # A batch the single-page path would take (E < 2P) but above a lowered limit: the general path's check.
     monkeypatch.setattr(cpkv.limits, "MAX_ARRAY_BYTES", 1000)
-    monkeypatch.setattr("cpkv.single_page.MAX_ARRAY_BYTES", 1000)
     with pytest.raises(PlanError, match="would need"):
         alloc.alloc_extend([0] * 20, [64] * 20, [-1] * 20)
     assert snapshot(alloc) == before
@@ -81,7 +80,6 @@ def test_alloc_extend_and_decode_fail_before_allocating_and_change_nothing(monke
     last = alloc.alloc_extend([0] * 20, [1] * 20, [-1] * 20).out_cache_loc.numpy()  # 20 one-token requests
     before = snapshot(alloc)
     monkeypatch.setattr(cpkv.limits, "MAX_ARRAY_BYTES", 1000)
-    monkeypatch.setattr("cpkv.single_page.MAX_ARRAY_BYTES", 1000)
     with pytest.raises(PlanError, match="would need"):  # 8 * (3 * 20 + 2 * 0) + 80 * 20 * 9 bytes
         alloc.alloc_decode([1] * 20, last)
     assert snapshot(alloc) == before
