@@ -58,7 +58,7 @@ def test_plan_bad_input_exits_2_one_line(argv, message, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--prefix-len", "0", "--extend-len", "100000000000"], "would need 2,425,000,000,720 bytes"),
+        (["--prefix-len", "0", "--extend-len", "100000000000"], "bytes (2,258.5 GiB) of arrays, above cpkv's limit"),
         (["--prefix-len", "10000000000000", "--extend-len", "8000000", "--head-owner", "0"], "overflows int64"),
         (["--prefix-len", "100", "--extend-len", "5", "--head-owner", "-2"], "head_owner=-2 out of range"),
     ],
