@@ -40,6 +40,7 @@ def test_missing_gov_dir_and_spec_use_the_cpkv_error_form(tmp_path, monkeypatch,
     assert err == f"cpkv: error: --spec nope.md: no such file (relative to the root {tmp_path})\n"
 
 
+@pytest.mark.slow
 def test_module_entry_point_exit_status(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "cpkv.gov", "check", "--bogus"], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120)  # fmt: skip

@@ -134,6 +134,7 @@ def test_each_file_is_replaced_atomically(tmp_path, monkeypatch):
     assert target.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
 
 
+@pytest.mark.slow
 def test_report_is_written_after_each_policy(tmp_path, hook_runs):
     out_dir = tmp_path / "o"
     seen = {}
@@ -198,6 +199,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_real_sigint_after_the_first_policy(tmp_path):
     # tiny-chunks: rotation finishes in well under a second, legacy then runs for seconds into its livelock.
     out_dir = tmp_path / "o"
