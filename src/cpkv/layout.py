@@ -206,8 +206,8 @@ class SharedKVLayout:
         ``out`` (C-contiguous, same dtype and shape) or a new array; None when a slot is ``>= C*Q*P`` or a
         result may not fit the dtype (the caller then takes the formula path).
 
-        Works on blocks of ``_BLOCK`` slots so that every temporary stays in cache: one read of the input,
-        one write of the output. With page ``p = s // P`` and local page ``l = p // C``: lane ``p - l*C``,
+        Works on blocks of at most ``_BLOCK`` slots and ``_BLOCK_BYTES`` of input so that the block and every
+        temporary stay in L2: one read of the input, one write of the output. With page ``p = s // P`` and local page ``l = p // C``: lane ``p - l*C``,
         write ``s - (p - l)*P``, read ``s + p*(Q-1)*P - l*(C*Q-1)*P``. The arithmetic runs in int32 when
         ``C*Q*P`` fits: it wraps modulo 2**32, and the result lies in ``[0, C*Q*P)``, so it is exact.
         Example C=4, P=64, Q=8, s=197: p=3, l=0 -> lane 3, write 197-192 = 5, read 197+3*448 = 1541.
@@ -221,11 +221,12 @@ class SharedKVLayout:
         direct = slots.dtype == work  # compute straight from the input into the output
         signed = np.issubdtype(slots.dtype, np.signedinteger)
         fits = kind == "lane" or _int_max(slots.dtype) >= n_slots - 1
-        size = min(_BLOCK, src.shape[0])
+        block = min(_BLOCK, _BLOCK_BYTES // slots.dtype.itemsize)  # int64 input: 32K slots; narrower: 64K
+        size = min(block, src.shape[0])
         x, p, local, r = (np.empty(size, dtype=work) for _ in range(4))
         neg = np.empty(size, dtype=bool)
-        for i in range(0, src.shape[0], _BLOCK):
-            blk, dst = src[i : i + _BLOCK], dst_all[i : i + _BLOCK]
+        for i in range(0, src.shape[0], block):
+            blk, dst = src[i : i + block], dst_all[i : i + block]
             k = blk.shape[0]
             if int(blk.max()) >= n_slots:
                 return None
@@ -275,7 +276,8 @@ class SharedKVLayout:
         return out
 
 
-_BLOCK = 1 << 16  # slots per block of _translate_numpy: its temporaries (<= 512 KiB each) stay in L2
+_BLOCK = 1 << 16  # most slots per block of _translate_numpy ...
+_BLOCK_BYTES = 1 << 18  # ... and most input bytes: block, output and temporaries (~1.5 MiB) stay in L2
 
 
 def _check_out(slots, out) -> None:
