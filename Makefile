@@ -54,6 +54,9 @@ $(SGLANG_BIN)/.installed: pyproject.toml $(SGLANG_REQS)
 test-sglang: $(SGLANG_BIN)/.installed
 	CPKV_REQUIRE_SGLANG=1 $(SGLANG_BIN)/python -m pytest -q -m sglang tests/integration/sglang
 
+test-quick: install
+	$(BIN)/python -m pytest -q -m "not slow and not distributed"
+
 lint: install
 	$(BIN)/ruff check src tests
 

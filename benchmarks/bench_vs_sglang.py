@@ -162,6 +162,9 @@ def main() -> None:
     # Prefix-cache replay of the first N Mooncake requests.
     n_req = 100 if quick else 2000
     replay_rows, pools = [], ([4096, 16384] if quick else [8192, 65536]) if "replay" in groups else []
+    if pools and not TRACE.exists():
+        print(f"prefix replay skipped: no trace at {TRACE}")
+        pools = []
     if pools:
         prompts = load_prompts(n_req)
         reference = reference_hit_tokens(prompts, P)
