@@ -15,8 +15,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from cpkv import CPConfig, LaneExhausted, OwnerLaneAllocator
-from cpkv.prefix_cache import PrefixCache
+from cpkv import CPConfig, LaneExhausted, OwnerLaneAllocator, PrefixCache
 
 STEPS = ("match", "lock", "evict", "alloc", "insert", "unlock", "free")
 
