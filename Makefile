@@ -18,7 +18,7 @@ SGLANG_VENV ?= .venv-sglang
 SGLANG_BIN  := $(SGLANG_VENV)/bin
 SGLANG_REQS := tests/integration/sglang/requirements.txt
 
-.PHONY: install demo test test-quick test-sglang lint clean
+.PHONY: install demo test test-quick test-sglang bench-sglang-quick lint clean
 
 # torch is most of the install time (minutes): its pip runs without -q so its download and install
 # progress show.
@@ -37,7 +37,7 @@ demo: install
 	$(BIN)/cpkv simulate --out out/demo
 
 test: install
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/python -m cpkv.gov check $(if $(wildcard ../shared/design/SPEC.md),--spec ../shared/design/SPEC.md)
 	$(BIN)/python -m pytest -q
 
@@ -54,11 +54,15 @@ $(SGLANG_BIN)/.installed: pyproject.toml $(SGLANG_REQS)
 test-sglang: $(SGLANG_BIN)/.installed
 	CPKV_REQUIRE_SGLANG=1 $(SGLANG_BIN)/python -m pytest -q -m sglang tests/integration/sglang
 
+# The benchmark against SGLang's own allocator and radix cache, short form (CI runs it after test-sglang).
+bench-sglang-quick: $(SGLANG_BIN)/.installed
+	$(SGLANG_BIN)/python benchmarks/bench_vs_sglang.py --quick
+
 test-quick: install
 	$(BIN)/python -m pytest -q -m "not slow and not distributed"
 
 lint: install
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) build *.egg-info src/*.egg-info .pytest_cache
