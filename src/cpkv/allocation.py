@@ -52,6 +52,10 @@ class ExtendAllocation:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"ExtendAllocation is read-only (cannot set {name!r})")
 
+    def __reduce__(self):
+        """Copy and pickle through the constructor (a deferred plan is built first)."""
+        return (ExtendAllocation, (self.out_cache_loc, self.plan, self.new_pages))
+
     def __repr__(self) -> str:
         return (f"ExtendAllocation(tokens={self.out_cache_loc.shape[0]}, new_pages={self.new_pages.shape[0]}, "
                 f"device={self.out_cache_loc.device})")  # fmt: skip

@@ -55,7 +55,8 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         config: the group's ``CPConfig``. lanes: the ``OwnerLaneAllocator`` behind every call (``Q`` pages a lane).
         layout: ``SharedKVLayout(C, P, Q)``; ``layout.write_slots(out_cache_loc)`` indexes a rank's own buffer.
         last_plan: ``BatchPlan`` of the latest successful ``alloc_extend`` / ``alloc_decode`` / ``alloc``
-            (None before the first and after ``clear``): ``token_owner`` [sum E], ``gather_index`` [sum E], ``request_phases``
+            (None before the first and after ``clear``; built on first read, so a decode step whose plan
+            nobody reads keeps cpkv's single-page fast path): ``token_owner`` [sum E], ``gather_index`` [sum E], ``request_phases``
             [B] for the model runner (docs/sglang.md). A call that returns None leaves it as it was.
         num_pages: pages that can be handed out, ``C * n``; ``size`` is ``C * size``, the group's tokens (both as SGLang's
             sharded allocator widens them).
@@ -72,7 +73,7 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         owner_policy = self.default_owner_policy if owner_policy is None else owner_policy
         self.config = CPConfig(cp_size, page_size, owner_policy)  # validates before SGLang's clear() runs
         check_int("size", size, self.config.page_size)
-        self.last_plan: BatchPlan | None = None  # set by clear(), which SGLang's __init__ calls
+        self._last: ExtendAllocation | None = None  # set by clear(), which SGLang's __init__ calls
         super().__init__(size * self.config.cp_size, page_size, dtype, device, kvcache, need_sort)
 
     @classmethod
@@ -85,6 +86,11 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         CPConfig(cp_size, 1, owner_policy)
         attrs = {"default_cp_size": int(cp_size), "default_owner_policy": owner_policy}
         return type(f"{cls.__name__}CP{int(cp_size)}", (cls,), attrs)
+
+    @property
+    def last_plan(self) -> BatchPlan | None:
+        """The ``BatchPlan`` of the latest successful allocation, or None (see the class doc)."""
+        return None if self._last is None else self._last.plan
 
     @property
     def cp_size(self) -> int:
@@ -100,7 +106,7 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         self.lanes.alloc_pages(np.arange(1, C))  # local page 0 of lanes 1..C-1: padding, held for good
         self.layout = SharedKVLayout(C, P, lane_pages)
         self.num_pages = C * (lane_pages - 1)
-        self.last_plan = None
+        self._last = None
         self.free_pages = self.release_pages = None  # SGLang's flat lists: unused here, fail loud if read
         self.free_group = None
         self.free_page_ids_group = []
@@ -217,7 +223,7 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
                 allocation = call()
             except LaneExhausted:
                 return None
-        self.last_plan = allocation.plan
+        self._last = allocation
         return allocation.out_cache_loc
 
     # ----------------------------------------------------------------------------------------- free

@@ -87,12 +87,12 @@ def as_form(values, form):
     return list(values)
 
 
-def assert_same_plan(got: BatchPlan, want: BatchPlan) -> None:
+def assert_same_plan(got: BatchPlan, want: BatchPlan, read_only: bool = True) -> None:
     for f in dataclasses.fields(BatchPlan):
         a, b = getattr(got, f.name), getattr(want, f.name)
         if isinstance(b, np.ndarray):
             assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f.name
-            assert not a.flags.writeable, f.name
+            assert not (read_only and a.flags.writeable), f.name
         elif dataclasses.is_dataclass(b) and not isinstance(b, CPConfig):  # TokenRuns
             for g in dataclasses.fields(b):
                 x, y = getattr(a, g.name), getattr(b, g.name)
@@ -258,3 +258,16 @@ def test_bad_single_request_raises_as_general_path(decode, L0, last, match):
     with pytest.raises(CpkvError, match=match):
         alloc.alloc_decode([L0], [last]) if decode else alloc.alloc_extend([L0], [1], [last])
     assert snapshot(alloc) == before
+
+
+def test_allocation_copies_and_pickles_with_its_plan():
+    # A caller that snapshots its state (copy.deepcopy, pickle across processes) may hold an allocation whose
+    # plan was deferred: the copy carries the same plan, built first (numpy copies are writeable again).
+    import pickle
+
+    alloc = OwnerLaneAllocator(CPConfig(4, 4, "balanced"), 8)
+    got = alloc.alloc_extend([0, 0], [4, 3], [-1, -1])
+    for twin in (copy.deepcopy(got), pickle.loads(pickle.dumps(got))):
+        assert twin.out_cache_loc.tolist() == got.out_cache_loc.tolist()
+        assert twin.new_pages.tolist() == got.new_pages.tolist()
+        assert_same_plan(twin.plan, got.plan, read_only=False)
