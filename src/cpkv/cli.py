@@ -81,15 +81,16 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
 
 @app.command()
 @click.option("--trace", type=click.Path(path_type=Path), default=None, help="Mooncake-format JSONL trace.")
-@click.option("--workload", type=click.Choice(["synthetic", "tiny-chunks"]), default=None,
-              help="Built-in workload when no --trace is given (default: synthetic).")  # fmt: skip
+@click.option("--workload", type=click.Choice(["synthetic", "tiny-chunks", "tiny-chunks-reload", "short-prompts"]),
+              default=None, help="Built-in workload when no --trace is given (default: synthetic).")  # fmt: skip
 @click.option("--cp-size", type=int, default=SimConfig.cp_size, show_default=True, help="Ranks in the CP group (C).")
 @click.option("--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P).")
-@click.option("--pages-per-lane", type=int, default=None,
-              help=f"Device pages per lane (default {SimConfig.pages_per_lane}; tiny-chunks: sized so the burst "
-                   "needs ~80% of the pool).")  # fmt: skip
-@click.option("--host-pages-per-lane", type=int, default=SimConfig.host_pages_per_lane, show_default=True,
-              help="Host-tier pages per lane.")  # fmt: skip
+@click.option("--pages-per-lane", type=str, default=None,
+              help=f"Device pages per lane: N, or one per lane as 9,10,10,10 (ranks with unequal free memory) "
+                   f"[{SimConfig.pages_per_lane}; the lane-skew workloads size their own pool, docs/metrics.md].")  # fmt: skip
+@click.option("--host-pages-per-lane", type=int, default=None,
+              help=f"Host-tier pages per lane [{SimConfig.host_pages_per_lane}; tiny-chunks-reload: enough for every "
+                   "prompt page].")  # fmt: skip
 @click.option("--chunk-size", type=int, default=None,
               help=f"Most tokens a request prefills per step [{SimConfig.chunk_size}].")  # fmt: skip
 @click.option("--max-batch-tokens", type=int, default=None,
@@ -128,14 +129,15 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
         raise InputError(f"give --trace or --workload, not both (got --workload {workload})")
     name = "trace" if trace is not None else workload or "synthetic"
     check_out_dir(out_dir)
-    spec = build_workload(name, num_requests=max_requests, seed=seed, trace_path=trace)
+    lanes = parse_pages_per_lane(pages_per_lane)
+    spec = build_workload(name, num_requests=max_requests, seed=seed, trace_path=trace, page_size=page_size)
     config = SimConfig.for_workload(
-        spec, cp_size=cp_size, page_size=page_size, pages_per_lane=pages_per_lane,
+        spec, cp_size=cp_size, page_size=page_size, pages_per_lane=lanes,
         host_pages_per_lane=host_pages_per_lane, chunk_size=chunk_size, max_batch_tokens=max_batch_tokens,
         logits_budget_mb=logits_budget_mb, colocated_decode=colocated_decode, seed=seed,
         spec_draft_tokens=spec_draft_tokens, spec_accept_rate=spec_accept_rate,
     )  # fmt: skip
-    hint = small_page_hint(config.page_size, config.pages_per_lane)
+    hint = small_page_hint(config.page_size, min(config.lane_capacities))
     if hint:
         click.echo(f"cpkv: note: {hint}", err=True)
     try:
@@ -214,6 +216,22 @@ def ignored_head_owners(requests: list[dict], heads: list[int | None], page_size
                else f"extend_len={r['extend_len']} computes no token")  # fmt: skip
         lines.append(f"request {i}: {flag} {head} is ignored: {why} (no head tokens)")
     return lines
+
+
+def parse_pages_per_lane(text: str | None) -> int | tuple[int, ...] | None:
+    """``--pages-per-lane``: ``"16384"`` -> 16384, ``"9,10,10,10"`` -> (9, 10, 10, 10), None -> None.
+
+    Raises:
+        InputError: a part that is not an integer (the count and range are SimConfig's to check).
+    """
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise InputError(f"--pages-per-lane {text!r}: give an integer or comma-separated integers, one per lane") from None
+    return values[0] if len(values) == 1 and "," not in text else tuple(values)
 
 
 def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..config import OWNER_POLICIES, check_int
+from ..config import OWNER_POLICIES, check_int, per_lane_ints
 from ..errors import ConfigError
 from .workload import WorkloadSpec
 
@@ -35,7 +35,9 @@ class SimConfig:
 
     Attributes:
         cp_size: ranks (C). page_size: tokens per page (P).
-        pages_per_lane: device pages per lane (Q), page 0 reserved.
+        pages_per_lane: device pages per lane (Q), page 0 reserved: one int for every lane, or a tuple of
+            C ints when ranks have unequal free memory (e.g. ``(9, 10, 10, 10)``; a list is turned into a
+            tuple). Each >= 2.
         host_pages_per_lane: host-tier pages per lane for evicted prefixes (0: no host tier).
         chunk_size: most prefill tokens one request advances in one step (chunked prefill), tokens.
         max_batch_tokens: most prefill tokens of one step over all requests, tokens.
@@ -59,7 +61,7 @@ class SimConfig:
 
     cp_size: int = 8
     page_size: int = 64
-    pages_per_lane: int = 16384
+    pages_per_lane: int | tuple[int, ...] = 16384
     host_pages_per_lane: int = 0
     chunk_size: int = 8192
     max_batch_tokens: int = 16384
@@ -74,11 +76,14 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         for name, minimum in (
-            ("cp_size", 1), ("page_size", 1), ("pages_per_lane", 2), ("host_pages_per_lane", 0),
+            ("cp_size", 1), ("page_size", 1), ("host_pages_per_lane", 0),
             ("chunk_size", 1), ("max_batch_tokens", 1), ("max_running", 1), ("livelock_steps", 1), ("seed", 0),
             ("spec_draft_tokens", 0),
         ):  # fmt: skip
             object.__setattr__(self, name, check_int(name, getattr(self, name), minimum))
+        caps = per_lane_ints("pages_per_lane", self.pages_per_lane, self.cp_size, 2)
+        uniform = hasattr(self.pages_per_lane, "__index__") and not isinstance(self.pages_per_lane, bool)
+        object.__setattr__(self, "pages_per_lane", caps[0] if uniform else tuple(caps))
         if not 0 <= self.logits_budget_mb < float("inf"):
             raise ConfigError(f"logits_budget_mb must be a finite number >= 0, got {self.logits_budget_mb!r}")
         rate = self.spec_accept_rate
@@ -86,6 +91,11 @@ class SimConfig:
             raise ConfigError(f"spec_accept_rate must be a number in [0, 1], got {rate!r}")
         if self.spec_draft_tokens:
             object.__setattr__(self, "colocated_decode", True)  # speculative decoding is a decode mode
+
+    @property
+    def lane_capacities(self) -> tuple[int, ...]:
+        """Pages of each lane (page 0 included), ``C`` ints: ``pages_per_lane`` spread over the lanes."""
+        return tuple(per_lane_ints("pages_per_lane", self.pages_per_lane, self.cp_size, 2))
 
     @property
     def logits_budget_elements(self) -> int | None:
@@ -97,10 +107,13 @@ class SimConfig:
         """The config for ``spec``: ``settings`` (SimConfig fields) given as None take the workload's value.
 
         ``chunk_size``: the workload's ``chunk_pages * page_size`` if it has one, else the default 8192.
-        ``max_batch_tokens``: ``max(2 * chunk_size, 16384)``. ``pages_per_lane``: the default 16384,
-        except ``tiny-chunks``, whose pool is sized so the whole concurrent burst needs about 80 % of it:
-        rotation fits it, while a phase-0 planner that piles every page on lane 0 runs out of lane 0 long
-        before any request finishes. Raises ConfigError as the constructor.
+        ``max_batch_tokens``: ``max(2 * chunk_size, 16384)``. ``pages_per_lane``: the default 16384, except
+        a workload with ``pool_percent``, whose pool (all lanes) is that percentage of its prompt pages,
+        ``ceil(pages * pool_percent / (100 * C))`` per lane: e.g. tiny-chunks at 125 % (the burst needs
+        80 % of the pool; rotation fits it, while a phase-0 planner that piles every page on lane 0 runs
+        out of lane 0 long before any request finishes). ``host_pages_per_lane``: 0, except a workload with
+        ``host_percent``: ``ceil(pages * host_percent / 100)`` per lane. Raises ConfigError as the
+        constructor.
         """
         given = {k: v for k, v in settings.items() if v is not None}
         P = check_int("page_size", given.get("page_size", cls.page_size), 1)
@@ -108,9 +121,11 @@ class SimConfig:
         if "chunk_size" not in given and spec.chunk_pages:
             given["chunk_size"] = spec.chunk_pages * P
         given.setdefault("max_batch_tokens", max(2 * given.get("chunk_size", cls.chunk_size), cls.max_batch_tokens))
-        if "pages_per_lane" not in given and spec.name == "tiny-chunks":
-            pages = sum(-(-r.input_length // P) for r in spec.requests)
-            given["pages_per_lane"] = max(2, -(-pages * 5 // (4 * C)))
+        pages = spec.prompt_pages(P) if spec.pool_percent or spec.host_percent else 0
+        if "pages_per_lane" not in given and spec.pool_percent:
+            given["pages_per_lane"] = max(2, -(-pages * spec.pool_percent // (100 * C)))
+        if "host_pages_per_lane" not in given and spec.host_percent:
+            given["host_pages_per_lane"] = -(-pages * spec.host_percent // 100)
         return cls(**given)
 
     def to_dict(self) -> dict:

@@ -1,10 +1,18 @@
-"""One policy's replay: a deterministic step loop over cpkv's real allocator and prefix cache (issue 8).
+"""One policy's replay: a deterministic step loop over cpkv's real allocator and prefix cache (issues 8, 11).
 
-Each step: admit arrivals (prefix match, host load-back, lock), form a chunked-prefill batch in admission
-order, plan it with the group's ``OwnerLaneAllocator`` (checking the MQA-logits budget on the real plan),
-allocate it atomically (evicting on the short lane, then shrinking the batch), advance time by the cost
-model, hand finished requests' pages to the prefix cache. Nothing here re-implements planning or
-allocation: the simulator drives the library exactly as an engine's scheduler would.
+Each step: running requests, oldest first, get the longest next chunk that fits the token budget, every
+lane's free + evictable pages and the logits budget (``admission.StepBuilder``); then waiting requests
+are admitted in arrival order (prefix match, host load-back on the recorded lanes, lock) while the pool
+can still finish every admitted request and the newcomer's first chunk fits this step; the batch is
+allocated atomically (evicting what each lane lacks), time advances by the cost model, and finished
+requests hand their pages to the prefix cache. Nothing here re-implements planning or allocation: the
+simulator drives the library exactly as an engine's scheduler would.
+
+Progress: under ``balanced`` the oldest request can always take a page somewhere while the reservation
+holds, and a request that cannot run even alone in the pool (its next page's lane full of its own pages,
+or its one-token chunk over the logits budget) is rejected with a reason. What remains, requests
+blocked by each other's pages (``legacy`` piling every page on lane 0), is a livelock: a finding in the
+report, never an exception.
 """
 
 from __future__ import annotations
@@ -12,22 +20,20 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..allocator import OwnerLaneAllocator
 from ..cache import PrefixCache
 from ..config import CPConfig
-from ..errors import LaneExhausted
-from ..estimator import mqa_logits_elements
-from ..planner import zigzag_lane_pages
+from .admission import Fit, StepBuilder, pages_to_finish, reservation_short, stuck_alone
 from .config import SimConfig
 from .cost import step_work
-from .metrics import StepRecorder, compute_imbalance_mean, lane_metrics, percentile_ms
+from .metrics import StepRecorder, compute_imbalance, compute_imbalance_mean, lane_metrics, percentile_ms
 from .report import PolicyResult
 from .spec_decode import SpecDecoder
-from .workload import Request, prompt_token_ids
+from .trace import Request, prompt_token_ids
 
 _I64 = np.int64
 
@@ -66,15 +72,19 @@ class PolicyRun:
         self.policy = policy
         self.requests = requests
         cp = CPConfig(config.cp_size, config.page_size, policy)
-        self.alloc = OwnerLaneAllocator(cp, config.pages_per_lane)
+        self.alloc = OwnerLaneAllocator(cp, list(config.lane_capacities))
         self.cache = PrefixCache(self.alloc, host_pages_per_lane=config.host_pages_per_lane)
         self.spec = (
             SpecDecoder(self.alloc, config.spec_draft_tokens, config.spec_accept_rate, config.seed)
             if config.spec_draft_tokens else None
         )  # fmt: skip
+        self.builder = StepBuilder(config, self.alloc, self.cache)
+        k = max(1, config.spec_draft_tokens)  # KV slots per decoding request and step
+        decode = replace(config, chunk_size=k, max_batch_tokens=k * config.max_running, logits_budget_mb=0.0)
+        self.decode_builder = StepBuilder(decode, self.alloc, self.cache, whole=True)  # k slots or none
         self.rec = StepRecorder(config.cp_size)
         self.now_ms = 0.0
-        self.waiting: deque[Request] = deque()
+        self.waiting: list[Request] = []  # arrived, not admitted, in arrival order
         self.running: list[_Running] = []
         self.decoding: list[_Running] = []
         self.ttft_ms: list[float] = []
@@ -84,8 +94,10 @@ class PolicyRun:
         self.cache_hit_tokens = 0
         self.owner_lane_exhausted = 0
         self.logits_budget_cuts = 0
+        self.logits_peak = 0
         self.last_short_lane = -1
         self.livelock: dict | None = None
+        self._tokens: dict[int, np.ndarray] = {}  # token ids of waiting requests already tried
 
     # --------------------------------------------------------------------------------------------- run
     def run(self, on_progress: Callable[[int], None] | None = None) -> PolicyResult:
@@ -99,122 +111,123 @@ class PolicyRun:
             while arrivals and arrivals[0].arrival_ms <= self.now_ms:
                 self.waiting.append(arrivals.popleft())
             before = self.finished + len(self.rejections)
-            self._admit()
             progressed = self._step()
             if on_progress is not None and self.finished + len(self.rejections) != before:
                 on_progress(self.finished + len(self.rejections))
-            stalled = 0 if progressed else stalled + 1
+            stalled = 0 if progressed or self.finished + len(self.rejections) != before else stalled + 1
             if stalled >= self.cfg.livelock_steps:
                 self._record_livelock(stalled)
                 break
         return self._result(time.perf_counter() - t0)
 
+    # ------------------------------------------------------------------------------------------ step
+    def _step(self) -> bool:
+        """Run one step; True when any request advanced (prefill or decode)."""
+        b = self.builder
+        b.reset()
+        running = list(self.running)
+        for r, fit in zip(running, b.add_many([(r, r.done, r.remaining, r.last_loc) for r in running]), strict=True):
+            self._note(fit)
+            if not fit.tokens and fit.cut == "logits_budget" and not b.budget_fits_alone(r.done, r.last_loc):
+                self._reject(r, self._budget_reason(r.done))
+        self._admit()
+        batch = b.commit()
+        decode_tokens = self._decode_step() if self.decoding else None
+        plan = batch[1].plan if batch else None
+        work = step_work(plan, self.cfg.cost, self.cfg.cp_size, decode_tokens)
+        self.now_ms += self.cfg.cost.step_overhead_ms + float(work.max())
+        if batch is not None:
+            self.logits_peak = max(self.logits_peak, int(batch[2].max()))
+            self._advance(*batch[:2])
+        elif decode_tokens is None and (self.running or self.decoding):
+            self._reject_if_stuck_alone(min(self.running + self.decoding, key=lambda r: r.req.req_id))
+        self.rec.record(self.now_ms, self.alloc.used_pages_per_lane(), work if batch is not None else None)
+        return batch is not None or decode_tokens is not None
+
+    def _note(self, fit: Fit) -> Fit:
+        """Count what cut a chunk: the logits budget, or a lane without free or evictable pages."""
+        if fit.cut == "logits_budget":
+            self.logits_budget_cuts += 1
+        elif fit.cut == "lane" and not fit.tokens:
+            self.owner_lane_exhausted += 1
+            self.last_short_lane = fit.lane
+        return fit
+
     # ------------------------------------------------------------------------------------- admission
     def _admit(self) -> None:
-        """FCFS admission while pages (free + evictable) cover every admitted request's remaining pages."""
-        P, C = self.cfg.page_size, self.cfg.cp_size
-        capacity = self.alloc.capacity_per_lane
-        while self.waiting and len(self.running) + len(self.decoding) < self.cfg.max_running:
-            req = self.waiting[0]
-            total = req.input_length + (req.output_length if self.cfg.colocated_decode else 0)
-            pages = -(-total // P)
-            if pages > capacity.sum() or int(zigzag_lane_pages(pages, 0, C).max()) > capacity.min():
-                self.waiting.popleft()
-                self.rejections[req.req_id] = (
-                    f"needs {pages} pages but the pool has {int(capacity.sum())} "
-                    f"({int(capacity.min())} on its smallest lane)"
-                )
+        """Admission in arrival order while the pool can finish every admitted request and the newcomer's
+        first chunk fits this step. A request short of room in total stops admission (FCFS); one held back
+        only by a lane lets the requests behind it try (their pages may go to other lanes)."""
+        P = self.cfg.page_size
+        usable = int(self.alloc.capacity_per_lane.sum())
+        i = 0
+        while i < len(self.waiting) and len(self.running) + len(self.decoding) < self.cfg.max_running:
+            req = self.waiting[i]
+            pages = -(-self._kv_tokens(req) // P)
+            if pages > usable:
+                self._drop_waiting(i, f"pool: needs {pages} pages but the pool has {usable} usable pages")
                 continue
-            reserved = sum(-(-(r.remaining + self._decode_left(r)) // P) + 1 for r in self.running + self.decoding)
-            room = self.alloc.total_free_pages + int(self.cache.evictable_pages_per_lane().sum())
-            if room - reserved < pages + 1 and (self.running or self.decoding):
-                return  # wait for running requests to free pages
-            self.waiting.popleft()
-            self.running.append(self._start(req))
+            if self.builder.tokens_left <= 0 or not self._total_room_for(req):
+                return
+            run = self._start(req)
+            if not self.builder.budget_fits_alone(run.done, run.last_loc):
+                self.cache.unlock(run.handle)
+                self._drop_waiting(i, self._budget_reason(run.done))
+                continue
+            others = self.running + self.decoding
+            room = self.alloc.free_pages_per_lane() + self.cache.evictable_pages_per_lane()
+            short = reservation_short(self.policy if others else "balanced",
+                                      [self._pages_left(r) for r in (*others, run)], room)  # fmt: skip
+            fit = self._note(self.builder.add(run, run.done, run.remaining, run.last_loc)) if not short else None
+            if fit is not None and fit.tokens:
+                del self.waiting[i]
+                self._tokens.pop(req.req_id, None)
+                self.running.append(run)
+                self.cache_hit_tokens += run.done
+                continue
+            self.cache.unlock(run.handle)
+            self.builder.refresh_room()
+            if fit is not None and fit.cut == "lane" and not others:  # alone, and its chunk has no lane
+                self._drop_waiting(i, self._lane_reason(fit.lane, "its cached prefix"))
+            elif short == "lane" or (fit is not None and fit.cut == "lane"):
+                i += 1
+            else:
+                return  # short of pages in total, or the step's token or logits budget is spent
 
-    def _decode_left(self, r: _Running) -> int:
-        return r.req.output_length - r.decoded if self.cfg.colocated_decode else 0
+    def _total_room_for(self, req: Request) -> bool:
+        """Whether the pool, in total, can take ``req`` besides what admitted requests still need (checked
+        before any load-back, as an engine checks its token budget before ``load_back``)."""
+        tokens = self._token_ids(req)
+        probe = self.cache.match_prefix(tokens[:-1], record=False)
+        need = pages_to_finish(self._kv_tokens(req), probe.device_len, self.cfg.page_size)
+        need += sum(self._pages_left(r) for r in self.running + self.decoding)
+        return need <= self.alloc.total_free_pages + int(self.cache.evictable_pages_per_lane().sum())
+
+    def _token_ids(self, req: Request) -> np.ndarray:
+        tokens = self._tokens.get(req.req_id)
+        if tokens is None:
+            tokens = self._tokens[req.req_id] = prompt_token_ids(req)
+        return tokens
 
     def _start(self, req: Request) -> _Running:
-        tokens = prompt_token_ids(req)
+        """Match the prompt (``load_back`` of a host-tier part on its recorded lanes) and lock the prefix."""
+        tokens = self._token_ids(req)
         match = self.cache.match_prefix(tokens[:-1])  # at least one token is computed
         if match.host_len:
             match = self.cache.load_back(match)
         self.cache.lock(match.handle)
+        self.builder.refresh_room()
         slots = np.full(req.input_length + req.output_length, -1, dtype=_I64)
         slots[: match.device_len] = match.device_slots
-        self.cache_hit_tokens += match.device_len
         return _Running(req, tokens, slots, match.device_len, match.handle)
 
-    # ------------------------------------------------------------------------------------------ step
-    def _step(self) -> bool:
-        """Run one step; True when any request advanced (prefill or decode)."""
-        batch, lens = self._form_batch()
-        alloc = self._allocate(batch, lens)
-        decode_tokens = self._decode_step() if self.decoding else None
-        work = step_work(alloc.plan if alloc else None, self.cfg.cost, self.cfg.cp_size, decode_tokens)
-        self.now_ms += self.cfg.cost.step_overhead_ms + float(work.max())
-        if alloc is not None:
-            self._advance(batch[: alloc.plan.num_requests], alloc)
-        self.rec.record(self.now_ms, self.alloc.used_pages_per_lane(), work if alloc is not None else None)
-        return alloc is not None or decode_tokens is not None
+    def _kv_tokens(self, req: Request) -> int:
+        return req.input_length + (req.output_length if self.cfg.colocated_decode else 0)
 
-    def _form_batch(self) -> tuple[list[_Running], list[int]]:
-        """Running requests in admission order with their chunk lengths, within ``max_batch_tokens``."""
-        budget, batch, lens = self.cfg.max_batch_tokens, [], []
-        for r in self.running:
-            if budget <= 0:
-                break
-            n = min(r.remaining, self.cfg.chunk_size, budget)
-            if n < r.remaining:
-                n = self._align_chunk(r.done, n)
-            batch.append(r)
-            lens.append(n)
-            budget -= n
-        return batch, lens
+    def _pages_left(self, r: _Running) -> int:
+        return pages_to_finish(self._kv_tokens(r.req), r.done + r.decoded, self.cfg.page_size)
 
-    def _align_chunk(self, prefix_len: int, n: int) -> int:
-        """CP-aware chunking: a chunk that does not finish its request ends where its new pages are a
-        multiple of ``2 * cp_size`` (every zigzag segment equal), else on a page boundary, if it can.
-
-        Example C=2, P=4, prefix 6, n=20: new pages start at 8; 8 + 16 = 24 <= 26 -> n = 18.
-        """
-        P, unit = self.cfg.page_size, 2 * self.cfg.cp_size * self.cfg.page_size
-        first = -(-prefix_len // P) * P
-        for step in (unit, P):
-            end = first + (prefix_len + n - first) // step * step
-            if end > prefix_len:
-                return end - prefix_len
-        return n
-
-    def _allocate(self, batch: list[_Running], lens: list[int]):
-        """Plan, check the MQA-logits budget, evict what the plan's lanes lack, allocate atomically.
-
-        A refused allocation (a lane still short after eviction) counts in ``owner_lane_exhausted`` and
-        drops the last request of the batch; the rest is retried in the same step.
-        """
-        limit = self.cfg.logits_budget_elements
-        while batch:
-            args = ([r.done for r in batch], lens[: len(batch)], [r.last_loc for r in batch])
-            plan = self.alloc.plan_extend(*args)
-            if limit is not None and len(batch) > 1 and int(mqa_logits_elements(plan).max()) > limit:
-                self.logits_budget_cuts += 1
-                batch = batch[:-1]
-                continue
-            while True:
-                short = np.bincount(plan.page_owners, minlength=self.cfg.cp_size) - self.alloc.free_pages_per_lane()
-                freed = sum(self.cache.evict(int(r), int(short[r])) for r in np.flatnonzero(short > 0))
-                try:
-                    return self.alloc.alloc_extend(*args)
-                except LaneExhausted as e:
-                    self.last_short_lane = e.lane
-                    if freed == 0:  # nothing more to evict for this plan: refuse
-                        break
-                    plan = self.alloc.plan_extend(*args)  # balanced phases move with free pages
-            self.owner_lane_exhausted += 1
-            batch = batch[:-1]
-        return None
-
+    # --------------------------------------------------------------------------------------- advance
     def _advance(self, batch: list[_Running], alloc) -> None:
         out = alloc.out_cache_loc.numpy()
         indptr = alloc.plan.extend_indptr
@@ -231,54 +244,88 @@ class PolicyRun:
                 if self.cfg.colocated_decode and r.req.output_length > 0:
                     self.decoding.append(r)
                 else:
-                    self._finish(r)
+                    self._retire(r, r.req.input_length)
+                    self.finished += 1
 
     def _decode_step(self) -> np.ndarray | None:
-        """One decode step of every decoding request: one token each (``alloc_decode``), or with
-        ``spec_draft_tokens`` an MTP step (``SpecDecoder``: ``alloc_draft``, verify, ``release_tail``);
-        tokens per rank (the verify pass's with MTP), or None."""
-        batch = list(self.decoding)
-        while batch:
-            seq = [r.req.input_length + r.decoded for r in batch]
-            lasts = [int(r.slots[s - 1]) for r, s in zip(batch, seq, strict=True)]
-            try:
-                a = self.spec.alloc_draft(seq, lasts) if self.spec else self.alloc.alloc_decode(seq, lasts)
-            except LaneExhausted as e:
-                self.last_short_lane = e.lane
-                if self.cache.evict(e.lane, e.needed - e.available) == 0:
-                    self.owner_lane_exhausted += 1
-                    batch = batch[:-1]
-                continue
-            if self.spec:
-                left = [r.req.output_length - r.decoded for r in batch]
-                kept = self.spec.verify(a, [r.req.req_id for r in batch], seq, left, [r.slots for r in batch])
-            else:
-                out, ind = a.out_cache_loc.numpy(), a.plan.page_indptr
-                kept = [(out[i : i + 1], a.new_pages[ind[i] : ind[i + 1]]) for i in range(len(batch))]
-            for r, s, (slots, pages) in zip(batch, seq, kept, strict=True):
-                r.slots[s : s + slots.shape[0]] = slots
-                r.own_pages.append(pages)
-                r.decoded += slots.shape[0]
-                if r.decoded == r.req.output_length:
-                    self.decoding.remove(r)
-                    self._finish(r)
-            return a.plan.per_rank_tokens
-        return None
+        """One decode step of every decoding request whose slots fit: one token each (``alloc_extend`` with
+        E=1, as ``alloc_decode``), or with ``spec_draft_tokens`` K an MTP step (``SpecDecoder``:
+        ``alloc_draft``, verify, ``release_tail``). Sized like a prefill step (each request at its real
+        batch position, all K slots or none; one whose pages have no lane waits). Returns tokens per rank
+        (the verify pass's with MTP), or None when none advanced."""
+        b = self.decode_builder
+        b.reset()
+        k = b.config.chunk_size
+        seqs = [r.req.input_length + r.decoded for r in self.decoding]
+        items = [(r, s, k, int(r.slots[s - 1])) for r, s in zip(self.decoding, seqs, strict=True)]
+        for fit in b.add_many(items):
+            self._note(fit)
+        out = b.commit(allocate=(lambda L0, E, last: self.spec.alloc_draft(L0, last)) if self.spec else None)
+        if out is None:
+            return None
+        batch, a, _ = out
+        seq = [r.req.input_length + r.decoded for r in batch]
+        if self.spec:
+            left = [r.req.output_length - r.decoded for r in batch]
+            kept = self.spec.verify(a, [r.req.req_id for r in batch], seq, left, [r.slots for r in batch])
+        else:
+            slots, ind = a.out_cache_loc.numpy(), a.plan.page_indptr
+            kept = [(slots[i : i + 1], a.new_pages[ind[i] : ind[i + 1]]) for i in range(len(batch))]
+        for r, s, (slots, pages) in zip(batch, seq, kept, strict=True):
+            r.slots[s : s + slots.shape[0]] = slots
+            r.own_pages.append(pages)
+            r.decoded += slots.shape[0]
+            if r.decoded == r.req.output_length:
+                self.decoding.remove(r)
+                self._retire(r, r.req.input_length)
+                self.finished += 1
+        return a.plan.per_rank_tokens
 
     def _leaked_pages(self) -> int:
         """Pages in use that neither the prefix cache nor a live request holds (0 unless pages leak)."""
         live = sum(p.shape[0] for r in self.running + self.decoding for p in r.own_pages)
         return int(self.alloc.used_pages_per_lane().sum() - self.cache.cached_pages_per_lane().sum()) - live
 
-    def _finish(self, r: _Running) -> None:
-        """Hand the prompt's full pages to the prefix cache, unlock the prefix, free the rest."""
-        n = r.req.input_length
-        res = self.cache.insert(r.token_ids, r.slots[:n])
+    def _retire(self, r: _Running, n: int) -> None:
+        """Hand the full pages of the first ``n`` prompt tokens to the prefix cache, unlock the matched
+        prefix, free the request's other pages (the partial last page, decode pages)."""
+        res = self.cache.insert(r.token_ids[:n], r.slots[:n])
         self.cache.unlock(r.handle)
         own = np.concatenate(r.own_pages) if r.own_pages else np.zeros(0, _I64)
         kept = np.concatenate([res.pages, res.duplicate_pages])
         self.alloc.free(np.setdiff1d(own, kept, assume_unique=True))
-        self.finished += 1
+
+    # ------------------------------------------------------------------------------------- rejection
+    def _reject(self, r: _Running, reason: str) -> None:
+        """Stop an admitted request for good: its computed prompt pages go to the cache, the rest is freed."""
+        (self.running if r in self.running else self.decoding).remove(r)
+        self._retire(r, r.done)
+        self.rejections[r.req.req_id] = reason
+        self.builder.refresh_room()
+
+    def _drop_waiting(self, i: int, reason: str) -> None:
+        req = self.waiting.pop(i)
+        self._tokens.pop(req.req_id, None)
+        self.rejections[req.req_id] = reason
+
+    def _reject_if_stuck_alone(self, r: _Running) -> None:
+        """In a step where nothing advanced: reject the oldest request if it could not run even with every
+        other page of the pool free (its policy puts its next page on a lane full of its own pages)."""
+        kv = r.done + r.decoded  # tokens whose KV exists (prompt, then decode)
+        held = np.unique(r.slots[:kv] // self.cfg.page_size) if kv else np.zeros(0, _I64)
+        last_page = int(r.slots[kv - 1]) // self.cfg.page_size if kv else -1
+        lane = stuck_alone(self.cfg, self.policy, held, kv, last_page)
+        if lane >= 0:
+            self._reject(r, self._lane_reason(lane, "its own pages"))
+
+    def _lane_reason(self, lane: int, what: str) -> str:
+        cap = int(self.alloc.capacity_per_lane[lane])
+        return (f"lane: policy {self.policy} puts the next page on lane {lane}, whose {cap} usable pages "
+                f"hold {what}")  # fmt: skip
+
+    def _budget_reason(self, prefix_len: int) -> str:
+        return (f"logits_budget: a one-token chunk at position {prefix_len} needs {prefix_len + 1} logits "
+                f"elements on one rank, over the budget of {self.cfg.logits_budget_elements}")  # fmt: skip
 
     # --------------------------------------------------------------------------------------- results
     def _record_livelock(self, stalled: int) -> None:
@@ -295,29 +342,38 @@ class PolicyRun:
 
     def _result(self, wall_s: float) -> PolicyResult:
         used = self.rec.used()
+        work = self.rec.work()
         counters = self.cache.counters()
+        reasons: dict[str, int] = {}
+        for why in self.rejections.values():
+            code = why.split(":", 1)[0]
+            reasons[code] = reasons.get(code, 0) + 1
         metrics = {
             "requests_total": len(self.requests),
             "requests_finished": self.finished,
             "requests_rejected": len(self.rejections),
             "prefill_tokens": self.prefill_tokens,
             "cache_hit_tokens": self.cache_hit_tokens,
-            **lane_metrics(used, self.cfg.pages_per_lane),
-            "compute_imbalance_mean": compute_imbalance_mean(self.rec.work()),
+            **lane_metrics(used, self.cfg.lane_capacities),
+            "compute_imbalance": compute_imbalance(work),
+            "compute_imbalance_mean": compute_imbalance_mean(work),
             "owner_lane_exhausted": self.owner_lane_exhausted,
             "load_back_owner_lane_capacity_failed": counters["load_back_owner_lane_capacity_failed"],
             "evicted_pages": int(sum(counters["evicted_pages"])),
             "livelock_detected": self.livelock is not None,
             "ttft_ms_p50": percentile_ms(self.ttft_ms, 50),
             "ttft_ms_p99": percentile_ms(self.ttft_ms, 99),
+            "mqa_logits_peak_elements": self.logits_peak,
+            "logits_budget_elements": self.cfg.logits_budget_elements,
+            "logits_budget_cuts": self.logits_budget_cuts,
             "sim_wall_s": round(wall_s, 3),
             "steps": self.rec.num_steps,
             "sim_time_ms": self.now_ms,
-            "logits_budget_cuts": self.logits_budget_cuts,
             "leaked_pages": self._leaked_pages(),
             **(self.spec.metrics() if self.spec else {}),
             "load_back_pages": counters["load_backs"],
             "host_backups": counters["backups"],
+            "rejection_reasons": dict(sorted(reasons.items())),
             "livelock": self.livelock,
             "rejections": {str(k): v for k, v in sorted(self.rejections.items())[:100]},
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import io
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -20,19 +21,23 @@ MAX_POINTS = 1500
 so no spike is lost to thinning."""
 
 
-def imbalance_curve(used: np.ndarray, pages_per_lane: int) -> np.ndarray:
+def imbalance_curve(used: np.ndarray, pages_per_lane: int | Sequence[int]) -> np.ndarray:
     """``[steps]`` float64 ``max_r used / mean_r used`` per step; NaN where the mean lane usage is below
-    ``BUSY_FRACTION * pages_per_lane`` (the steps ``lane_imbalance_mean`` leaves out).
+    ``BUSY_FRACTION * pages_per_lane`` (the steps ``lane_imbalance_mean`` leaves out). With one capacity
+    per lane (unequal lanes) the ratio is of fills ``used_r / Q_r``, as ``lane_metrics``; 0 counts every
+    step with pages in use.
 
     ``used``: int ``[steps, C]`` pages. Example Q=10, used ``[[1, 0], [4, 2]]`` -> ``[nan, 4/3]``.
     """
     used = np.asarray(used, dtype=np.float64)
     if used.size == 0:
         return np.zeros(used.shape[0])
-    mean = used.mean(axis=1)
-    busy = (mean >= BUSY_FRACTION * pages_per_lane) & (mean > 0)
+    caps = np.broadcast_to(np.asarray(pages_per_lane, dtype=np.float64), (used.shape[1],))  # [C]
+    fill = used / caps if caps.all() else used
+    mean = fill.mean(axis=1)
+    busy = (mean >= (BUSY_FRACTION if caps.all() else 0.0)) & (mean > 0)
     out = np.full(used.shape[0], np.nan)
-    out[busy] = used[busy].max(axis=1) / mean[busy]
+    out[busy] = fill[busy].max(axis=1) / mean[busy]
     return out
 
 
@@ -83,7 +88,7 @@ def lanes_figure(results: list, config: dict, status: str = "complete"):
     ``policies``); ``status``: the report status, shown in the title unless ``complete``."""
     plt = load_matplotlib()
 
-    Q = int(config.get("pages_per_lane", 0))
+    Q = config.get("pages_per_lane", 0)  # an int, or a list of one per lane
     n = max(len(results), 1)
     fig = plt.figure(figsize=(12, 1.3 + 2.5 * n), layout="constrained")
     grid = fig.add_gridspec(n, 2, width_ratios=[3, 1.3])
@@ -111,7 +116,7 @@ def _title(config: dict, results: list, status: str) -> str:
     stats = config.get("workload_stats") or {}
     line = (f"{stats.get('num_requests', 0):,} requests, {stats.get('prompt_tokens_total', 0) / 1e6:,.2f}M prompt "
             f"tokens; C={config.get('cp_size')} ranks, P={config.get('page_size')} tokens per page, "
-            f"Q={int(config.get('pages_per_lane', 0)):,} pages per lane")  # fmt: skip
+            f"Q={_capacity_text(config.get('pages_per_lane', 0))} pages per lane")  # fmt: skip
     if status != "complete":
         done = [r.policy for r in results]
         pending = [p for p in config.get("policies", []) if p not in done]
@@ -129,7 +134,11 @@ def _row_title(ax, r) -> None:
         ax.set_title(f"LIVELOCK{where}", fontsize=10, loc="right", color="tab:red", fontweight="bold")
 
 
-def _draw_curve(ax, r, Q: int) -> None:
+def _capacity_text(Q) -> str:
+    return ",".join(map(str, Q)) if isinstance(Q, (list, tuple)) else f"{int(Q):,}"
+
+
+def _draw_curve(ax, r, Q) -> None:
     ratio = imbalance_curve(r.used, Q)
     times = np.asarray(r.times_ms, dtype=np.float64) / 1000.0
     t, lo, hi = binned(times, ratio, MAX_POINTS)
@@ -175,11 +184,15 @@ def _share_comparable_ylim(axes: list) -> None:
             ax.set_ylim(shared)
 
 
-def _draw_bars(ax, r, Q: int) -> None:
+def _draw_bars(ax, r, Q) -> None:
     peaks = np.asarray(r.metrics["lane_pages_peak"], dtype=np.int64)
     lanes = np.arange(peaks.shape[0])
     ax.bar(lanes, peaks, color="tab:green", width=0.75, label="lane_pages_peak (peak used pages of each lane)")
-    ax.axhline(Q, color="k", lw=0.9, ls="--", label=f"capacity Q = {Q:,} pages per lane")
+    if isinstance(Q, (list, tuple)):  # unequal lanes: each lane's own capacity over its bar
+        ax.hlines(Q, lanes - 0.45, lanes + 0.45, color="k", lw=0.9, ls="--", label="capacity Q_r of each lane")
+        Q = max(Q)
+    else:
+        ax.axhline(Q, color="k", lw=0.9, ls="--", label=f"capacity Q = {Q:,} pages per lane")
     top = Q * 1.15 if Q else max(int(peaks.max(initial=0)), 1) * 1.15
     if peaks.shape[0] <= 16:  # the value on each bar: inside a tall bar, above a short one
         for x, v in zip(lanes.tolist(), peaks.tolist(), strict=True):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -46,25 +48,31 @@ class StepRecorder:
 
 BUSY_FRACTION = 0.1
 """``lane_imbalance_mean`` counts the steps whose mean lane usage is at least this fraction of
-``pages_per_lane`` (near-empty start-up steps are left out); the lanes plot draws the same steps."""
+``pages_per_lane`` (of each lane's own size when lanes differ; near-empty start-up steps are left out); the
+lanes plot draws the same steps."""
 
 
-def lane_metrics(used: np.ndarray, pages_per_lane: int) -> dict:
+def lane_metrics(used: np.ndarray, pages_per_lane: int | Sequence[int]) -> dict:
     """SPEC section 11 lane metrics from ``used`` ``[steps, C]`` pages.
 
     Returns ``lane_pages_peak`` (int ``[C]``: ``max_t used_r``), ``lane_imbalance_peak``
-    (``max_t max_r used / max_t mean_r used``), ``lane_imbalance_mean`` (mean over steps with
-    ``mean_r used >= 0.1 * pages_per_lane`` of ``max_r used / mean_r used``; 1.0 when no step qualifies).
-    Example used ``[[2, 0], [4, 2]]``: peak lanes [4, 2], peak imbalance 4 / 3.
+    (``max_t max_r u / max_t mean_r u``), ``lane_imbalance_mean`` (mean over steps with
+    ``mean_r u >= BUSY_FRACTION`` (a fraction of a full lane) of ``max_r u / mean_r u``; 1.0 when no step qualifies), where
+    ``u_r = used_r / Q_r`` is lane r's fill. With equal lanes (one int Q) the ratios are exactly SPEC's
+    formulas on pages (dividing every lane by the same Q changes no ratio); with unequal lanes
+    (``pages_per_lane`` a sequence of C ints, e.g. ``[9, 10, 10, 10]``) a pool filled in proportion to
+    each lane's size scores 1.0 instead of penalising the larger lanes. Example used ``[[2, 0], [4, 2]]``,
+    Q=4: peak lanes [4, 2], peak imbalance 4 / 3.
     """
+    caps = np.broadcast_to(np.asarray(pages_per_lane, dtype=np.float64), (used.shape[1],))  # [C]
     if used.shape[0] == 0:
         return {"lane_pages_peak": [0] * used.shape[1], "lane_imbalance_peak": 1.0, "lane_imbalance_mean": 1.0}
-    used = used.astype(np.float64)
-    mean = used.mean(axis=1)
+    fill = used.astype(np.float64) / caps  # [steps, C]
+    mean = fill.mean(axis=1)
     peak_mean = float(mean.max())
-    imbalance_peak = float(used.max()) / peak_mean if peak_mean > 0 else 1.0
-    busy = mean >= BUSY_FRACTION * pages_per_lane
-    imbalance_mean = float((used[busy].max(axis=1) / mean[busy]).mean()) if busy.any() else 1.0
+    imbalance_peak = float(fill.max()) / peak_mean if peak_mean > 0 else 1.0
+    busy = mean >= BUSY_FRACTION  # of a full lane
+    imbalance_mean = float((fill[busy].max(axis=1) / mean[busy]).mean()) if busy.any() else 1.0
     return {
         "lane_pages_peak": used.max(axis=0).astype(np.int64).tolist(),
         "lane_imbalance_peak": imbalance_peak,
@@ -72,10 +80,22 @@ def lane_metrics(used: np.ndarray, pages_per_lane: int) -> dict:
     }
 
 
+def compute_imbalance(work: np.ndarray) -> float:
+    """``sum_t max_r work_r / sum_t mean_r work_r`` over prefill steps (SPEC section 11); 1.0 with no work.
+
+    The headline compute figure: each step lasts as long as its busiest rank, so this is the factor by
+    which prefill time exceeds perfect balance; a step weighs as much as its work. Example work
+    ``[[1, 1], [3, 1]]``: (1 + 3) / (1 + 2) = 4 / 3 (``compute_imbalance_mean`` gives 1.25).
+    """
+    total = float(work.mean(axis=1).sum()) if work.size else 0.0
+    return float(work.max(axis=1).sum()) / total if total > 0 else 1.0
+
+
 def compute_imbalance_mean(work: np.ndarray) -> float:
     """Mean over prefill steps of ``max_r work_r / mean_r work_r`` (SPEC section 11); 1.0 with no steps.
 
-    Example work ``[[1, 1], [3, 1]]``: (1 + 1.5) / 2 = 1.25.
+    Secondary figure: every step counts the same, so steps of one tiny request dominate it. Example
+    work ``[[1, 1], [3, 1]]``: (1 + 1.5) / 2 = 1.25.
     """
     mean = work.mean(axis=1) if work.size else np.zeros(0)
     ok = mean > 0

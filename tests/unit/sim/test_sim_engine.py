@@ -9,10 +9,11 @@ import pytest
 from cpkv.cli import main
 from cpkv.sim.config import SimConfig
 from cpkv.sim.engine import PolicyRun
-from cpkv.sim.metrics import compute_imbalance_mean, lane_metrics
+from cpkv.sim.metrics import compute_imbalance, compute_imbalance_mean, lane_metrics
 from cpkv.sim.report import REPORT_FIELDS
 from cpkv.sim.runner import simulate
-from cpkv.sim.workload import Request, WorkloadSpec, build_workload
+from cpkv.sim.trace import Request
+from cpkv.sim.workload import WorkloadSpec, build_workload
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +65,7 @@ def test_oversized_prompt_is_rejected_with_reason_not_aborting():
     m = PolicyRun(cfg, "rotation", reqs).run().metrics
     assert m["requests_finished"] == 2 and m["requests_rejected"] == 1
     # 2000 tokens = 125 pages > 15 usable pages (lane 0 loses page 0)
-    assert m["rejections"] == {"1": "needs 125 pages but the pool has 15 (7 on its smallest lane)"}
+    assert m["rejections"] == {"1": "pool: needs 125 pages but the pool has 15 usable pages"}
     _check_conservation(m, reqs)
 
 
@@ -96,6 +97,32 @@ def test_metric_definitions():
     # step 0: mean 1 >= 0.4 -> 2/1; step 1: mean 3 -> 4/3
     assert out["lane_imbalance_mean"] == pytest.approx((2 + 4 / 3) / 2)
     assert compute_imbalance_mean(np.array([[1.0, 1.0], [3.0, 1.0]])) == pytest.approx(1.25)
+    # work-weighted: (max 1 + max 3) / (mean 1 + mean 2) = 4 / 3
+    assert compute_imbalance(np.array([[1.0, 1.0], [3.0, 1.0]])) == pytest.approx(4 / 3)
+    assert compute_imbalance(np.zeros((0, 2))) == 1.0 == compute_imbalance_mean(np.zeros((0, 2)))
+
+
+def test_lane_metrics_with_unequal_lanes():
+    # Lanes of 10 and 20 pages, filled in proportion (5 and 10 pages): fills 0.5 and 0.5 -> balanced.
+    out = lane_metrics(np.array([[5, 10]]), pages_per_lane=[10, 20])
+    assert out["lane_imbalance_peak"] == 1.0 and out["lane_imbalance_mean"] == 1.0
+    assert out["lane_pages_peak"] == [5, 10]
+    # Equal pages on unequal lanes: fills 0.5 and 0.25, mean 0.375 -> 0.5 / 0.375 = 4 / 3.
+    out = lane_metrics(np.array([[5, 5]]), pages_per_lane=[10, 20])
+    assert out["lane_imbalance_peak"] == pytest.approx(4 / 3)
+    # with one int the ratios are SPEC's formulas on pages (the example above: 4 / 3 at Q=4)
+    assert lane_metrics(np.array([[2, 0], [4, 2]]), 4) == lane_metrics(np.array([[2, 0], [4, 2]]), [4, 4])
+
+
+def test_fault5_compute_imbalance_weighs_steps_by_work():
+    # C=2, P=1: one 64-token prompt (one step, zigzag -> 32 tokens per rank, nearly balanced attention),
+    # then nine one-token prompts (each step computes one token on one rank: max/mean = 2). Every step
+    # counting the same, compute_imbalance_mean is (about 1 + 9 * 2) / 10 = 1.9; weighted by work, the
+    # big step dominates and compute_imbalance stays near 1.
+    cfg = SimConfig(cp_size=2, page_size=1, pages_per_lane=256, chunk_size=64)
+    reqs = [Request(0, 0.0, 64, 1, (0,))] + [Request(i, 100.0 * i, 1, 1, (i,)) for i in range(1, 10)]
+    m = PolicyRun(cfg, "balanced", reqs).run().metrics
+    assert m["compute_imbalance_mean"] > 1.85 and m["compute_imbalance"] < 1.2
 
 
 @pytest.mark.slow
@@ -127,10 +154,23 @@ def test_cli_simulate_and_bad_trace(tmp_path, capsys):
     assert not (tmp_path / "b").exists()  # nothing simulated, nothing written
 
 
+def test_cli_simulate_unequal_lanes(tmp_path):
+    rc = main(["simulate", "--workload", "synthetic", "--max-requests", "6", "--cp-size", "4", "--page-size", "16",
+               "--pages-per-lane", "900,1000,1000,1000", "--policy", "balanced", "--no-progress",
+               "--out", str(tmp_path / "o")])  # fmt: skip
+    assert rc == 0
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["config"]["pages_per_lane"] == [900, 1000, 1000, 1000]
+    assert report["policies"]["balanced"]["requests_finished"] == 6
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--pages-per-lane", "0"], "pages_per_lane must be >= 2, got 0"),
+        (["--pages-per-lane", "9,10,x"], "--pages-per-lane '9,10,x': give an integer or comma-separated integers"),
+        (["--pages-per-lane", "9,10,10"], "pages_per_lane has 3 entries, cp_size=8 needs 8"),
+        (["--pages-per-lane", "9,1,10,10,10,10,10,10"], "pages_per_lane[1] must be >= 2, got 1"),
         (["--chunk-size", "0"], "chunk_size must be >= 1, got 0"),
         (["--max-batch-tokens", "0"], "max_batch_tokens must be >= 1, got 0"),
         (["--logits-budget-mb", "inf"], "logits_budget_mb must be a finite number"),

@@ -1,0 +1,345 @@
+"""Chunk sizing and admission for one prefill step: the real per-lane footprint, the logits budget (issue 11).
+
+A step's batch is built one request at a time, oldest first. Each request gets the longest next chunk
+that satisfies three limits at once:
+
+1. the step's token budget (``max_batch_tokens``) and the request's own ``chunk_size``;
+2. **pages**: the batch's plan, made by the group's allocator exactly as ``alloc_extend`` will place it
+   (``plan_extend``: the policy in force, the request's real batch position, its head owner), needs on
+   every lane no more than that lane's free plus evictable pages (``PrefixCache.evictable_pages_per_lane``);
+3. **C-BUDGET**: every rank's MQA-logits estimate of the whole batch (C-ESTIMATE) stays within
+   ``logits_budget_elements``.
+
+Chunk lengths obey one alignment rule (``align_chunk``). When the wanted chunk does not fit, a binary
+search over the raw length finds the longest aligned chunk that does (the estimate and, under a fixed
+phase, the per-lane pages only grow with the chunk). A request left with no chunk waits for the next step;
+one whose one-token chunk exceeds the budget even alone in a step can never run and is rejected with
+reason ``logits_budget``. ``commit`` evicts what each lane lacks and allocates; since the batch was sized
+against free + evictable pages, the allocation cannot be refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from ..allocator import ExtendAllocation, OwnerLaneAllocator
+from ..config import CPConfig
+from ..estimator import mqa_logits_elements
+from ..planner import BatchPlan
+from ..cache import PrefixCache
+from .config import SimConfig
+
+_I64 = np.int64
+
+
+def align_chunk(prefix_len: int, n: int, remaining: int, cp_size: int, page_size: int, *, in_page: bool = True) -> int:
+    """The chunk of at most ``n`` tokens that a request with ``remaining`` tokens left runs, in tokens.
+
+    A chunk that finishes the request (``n >= remaining``) is ``remaining``. Otherwise CP-aware chunking:
+    the chunk ends where its new pages are a multiple of ``2 * cp_size`` (every zigzag segment equal), else
+    on a page boundary, else (only when ``in_page``) after ``n`` tokens, inside a page; without
+    ``in_page`` that last case gives 0 (no chunk: the next chunk would start with a head page, whose
+    tokens all run on one rank). Non-decreasing in ``n``, so a binary search over ``n`` stays valid.
+    Examples C=2, P=4, prefix 6: n=20 -> 18 (new pages start at token 8; 8 + 16 = 24); n=1 -> 1, or 0
+    without ``in_page``. C=2, P=1, prefix 12: n=3 -> 3 (no 4-page boundary before 15), n=5 -> 4.
+    """
+    if n >= remaining:
+        return remaining
+    P = page_size
+    first = -(-prefix_len // P) * P  # first token of the first new page
+    for step in (2 * cp_size * P, P):
+        end = first + (prefix_len + n - first) // step * step
+        if end > prefix_len:
+            return end - prefix_len
+    return n if in_page else 0
+
+
+class Fit(NamedTuple):
+    """What ``StepBuilder.add`` gave a request.
+
+    Attributes:
+        tokens: the chunk scheduled this step, tokens (0: none; the request waits).
+        cut: why the wanted chunk was cut or refused: ``"lane"`` (a lane lacks free + evictable pages),
+            ``"logits_budget"`` (C-BUDGET), ``"tokens"`` (the step's token budget is spent), or None.
+        lane: the short lane when ``cut == "lane"``, else -1.
+    """
+
+    tokens: int
+    cut: str | None = None
+    lane: int = -1
+
+
+@dataclass(eq=False)
+class StepBuilder:
+    """Builds one prefill step's batch against the real allocator and prefix cache (see module docstring).
+
+    Use: ``reset()``; ``add(key, prefix_len, remaining, last_loc)`` per request, oldest first;
+    ``commit()``. Keys are the caller's request objects, handed back by ``commit`` in batch order.
+
+    Args:
+        config: the ``SimConfig`` (cp_size, page_size, chunk_size, max_batch_tokens, logits budget).
+        alloc: the group's ``OwnerLaneAllocator``. cache: its ``PrefixCache``.
+        whole: every chunk is the wanted one or none (decode and speculative-decode steps).
+    """
+
+    config: SimConfig
+    alloc: OwnerLaneAllocator
+    cache: PrefixCache
+    whole: bool = False
+    keys: list = field(default_factory=list)
+    tokens_left: int = 0
+    _L0: list[int] = field(default_factory=list, repr=False)
+    _E: list[int] = field(default_factory=list, repr=False)
+    _last: list[int] = field(default_factory=list, repr=False)
+    _room: np.ndarray = field(default_factory=lambda: np.zeros(0, _I64), repr=False)
+    _seen: dict = field(default_factory=dict, repr=False)  # verdicts for the current batch and room
+    _plans: dict = field(default_factory=dict, repr=False)  # batch key -> (free pages, plan) this step
+
+    def __post_init__(self) -> None:
+        self.limit = self.config.logits_budget_elements
+
+    # ------------------------------------------------------------------------------------------ build
+    def reset(self) -> None:
+        """Start an empty batch with the whole token budget; read every lane's room."""
+        self.keys, self._L0, self._E, self._last = [], [], [], []
+        self.tokens_left = self.config.max_batch_tokens
+        self._plans.clear()
+        self.refresh_room()
+
+    def refresh_room(self) -> None:
+        """Re-read free + evictable pages per lane (after a lock or an eviction outside the builder)."""
+        self._room = self.alloc.free_pages_per_lane() + self.cache.evictable_pages_per_lane()
+        self._seen.clear()
+
+    def add(self, key, prefix_len: int, remaining: int, last_loc: int) -> Fit:
+        """Give request ``key`` (``prefix_len`` tokens cached, ``remaining`` to prefill, ``last_loc`` as for
+        ``alloc_extend``) the longest chunk that fits after the requests added before it; ``Fit``.
+
+        Only a step's first request may stop inside a page (``align_chunk``'s ``in_page``), so every request
+        can always advance by one token while later ones never leave a head page behind.
+        """
+        cfg, in_page = self.config, not self.keys
+        want = min(remaining, cfg.chunk_size, self.tokens_left)
+        shortest = 1 if in_page else min(remaining, cfg.page_size - prefix_len % cfg.page_size)  # raw tokens
+        shortest = want if self.whole else shortest
+        if want < shortest:
+            return Fit(0, "tokens")
+        chunk = lambda n: align_chunk(prefix_len, n, remaining, cfg.cp_size, cfg.page_size, in_page=in_page)  # noqa: E731
+        size = self._sizer(prefix_len, chunk, last_loc)
+        first = size(want)
+        if first is None:
+            self._accept(key, prefix_len, chunk(want), last_loc)
+            return Fit(self._E[-1])
+        lo, hi = shortest - 1, want - 1 if size(shortest) is None else 0  # longest raw n that fits; < shortest: none
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if size(mid) is None:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo < shortest and first[0] == "lane" and self.make_free_page():
+            lo = shortest if size(shortest) is None else 0  # balanced sees the page made free
+        if lo >= shortest:
+            self._accept(key, prefix_len, chunk(lo), last_loc)
+        return Fit(self._E[-1] if lo >= shortest else 0, *first)
+
+    def add_many(self, items: Sequence[tuple]) -> list[Fit]:
+        """``add`` for each ``(key, prefix_len, remaining, last_loc)`` in order, with the same result, in one
+        plan when every wanted chunk fits. Otherwise the longest run of requests whose wanted chunks fit is
+        found by a galloping search over its length (fits are monotone in it: a batch's plan is its
+        prefix's plan plus the new requests) and the request after it goes through ``add``."""
+        fits: list[Fit] = []
+        while len(fits) < len(items):
+            rest = items[len(fits) :]
+            wants = self._wanted(rest)
+            k = self._longest_fitting_run(rest, wants, try_all=not fits)
+            for (key, prefix_len, _, last_loc), n in zip(rest[:k], wants[:k], strict=True):
+                self._accept(key, prefix_len, n, last_loc)
+                fits.append(Fit(n))
+            if len(fits) < len(items):
+                fits.append(self.add(*items[len(fits)]))
+        return fits
+
+    def budget_fits_alone(self, prefix_len: int, last_loc: int) -> bool:
+        """Whether the request's smallest chunk (one token) fits the logits budget in a step of its own
+        (C-BUDGET); True without a budget. Example: one token at position L0 needs ``L0 + 1`` elements."""
+        if self.limit is None:
+            return True
+        plan = self.alloc.plan_extend([prefix_len], [1], [last_loc])
+        return int(mqa_logits_elements(plan).max()) <= self.limit
+
+    # ----------------------------------------------------------------------------------------- commit
+    def commit(self, allocate=None) -> tuple[list, ExtendAllocation, np.ndarray] | None:
+        """Evict what each lane lacks and allocate the batch: ``(keys, allocation, logits)`` with the
+        per-rank MQA-logits estimate (int64 ``[C]``), or None for an empty batch. ``allocate(prefix_lens,
+        extend_lens, last_locs)`` does the allocation (default ``alloc.alloc_extend``; the same pages, e.g.
+        ``alloc_draft`` for a speculative step).
+
+        Evicting can move ``balanced`` phases (they follow free pages), so the plan is checked again after
+        each eviction; a batch that no longer fits loses its last request (it waits). Each round evicts
+        at least one page or drops one request, so this ends.
+        """
+        C = self.config.cp_size
+        while self.keys:
+            args = (self._L0, self._E, self._last)
+            free = self.alloc.free_pages_per_lane()
+            plan = self._plan(args, free)
+            need = np.bincount(plan.page_owners, minlength=C)
+            logits = mqa_logits_elements(plan)
+            room = free + self.cache.evictable_pages_per_lane()
+            if (need > room).any() or (self.limit is not None and int(logits.max()) > self.limit):
+                for items in (self.keys, self._L0, self._E, self._last):
+                    items.pop()
+                continue
+            short = need - free
+            if (short > 0).any():
+                for lane in np.flatnonzero(short > 0).tolist():
+                    self.cache.evict(lane, int(short[lane]))
+                continue
+            return list(self.keys), (allocate or self.alloc.alloc_extend)(*args), logits
+        return None
+
+    # ---------------------------------------------------------------------------------------- private
+    def _sizer(self, prefix_len: int, chunk, last_loc: int):
+        """``size(n)``: None when ``chunk(n)`` (the aligned chunk for raw length n) fits, else ``(cut, lane)``
+        (a raw length that aligns to no chunk at all counts as cut by the token budget)."""
+        return lambda n: self._check(prefix_len, chunk(n), last_loc) if chunk(n) else ("tokens", -1)
+
+    def _wanted(self, items: Sequence[tuple]) -> list[int]:
+        """Aligned wanted chunks of ``items`` taken in order from the token budget left; stops at the first
+        request the budget cannot serve (it goes through ``add``)."""
+        cfg, left, out = self.config, self.tokens_left, []
+        for _, prefix_len, remaining, _ in items:
+            want = min(remaining, cfg.chunk_size, left)
+            in_page = not (out or self.keys)
+            chunk = align_chunk(prefix_len, want, remaining, cfg.cp_size, cfg.page_size, in_page=in_page) if want > 0 else 0
+            if not chunk:
+                break
+            out.append(chunk)
+            left -= chunk
+        return out
+
+    def _longest_fitting_run(self, items: Sequence[tuple], wants: list[int], try_all: bool) -> int:
+        """The largest k such that the first k ``items`` fit at their ``wants`` (all of them first when
+        ``try_all``, then 1, 2, 4, ... and a binary search in the last gap)."""
+
+        def ok(k: int) -> bool:
+            return self._check_many(items[:k], wants[:k]) is None
+
+        if try_all and wants and ok(len(wants)):
+            return len(wants)
+        lo, step = 0, 1
+        while step <= len(wants) and ok(step):
+            lo, step = step, 2 * step
+        hi = min(step, len(wants) + 1) - 1  # ok(lo); hi + 1 fails or is past the end
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+        return lo
+
+    def _check_many(self, items: Sequence[tuple], chunks: Sequence[int]) -> tuple[str, int] | None:
+        """Verdict for the batch plus ``items`` at ``chunks``, memoised until the batch or room changes."""
+        key = tuple((prefix_len, n, last_loc) for (_, prefix_len, _, last_loc), n in zip(items, chunks, strict=True))
+        if key not in self._seen:
+            L0, E, last = (list(x) for x in zip(*key, strict=True))
+            args = (self._L0 + L0, self._E + E, self._last + last)
+            self._seen[key] = self._verdict(self._plan(args, self.alloc.free_pages_per_lane()))
+        return self._seen[key]
+
+    def _plan(self, args: tuple[list, list, list], free: np.ndarray) -> BatchPlan:
+        """``alloc.plan_extend(*args)``, reused within the step while the free pages are the same (the
+        plan depends on nothing else of the allocator: C-BALANCED phases follow free pages only)."""
+        key = tuple(map(tuple, args))
+        hit = self._plans.get(key)
+        if hit is None or not np.array_equal(hit[0], free):
+            hit = self._plans[key] = (free, self.alloc.plan_extend(*args))
+        return hit[1]
+
+    def _check(self, prefix_len: int, n: int, last_loc: int) -> tuple[str, int] | None:
+        return self._check_many([(None, prefix_len, 0, last_loc)], [n])
+
+    def _verdict(self, plan: BatchPlan) -> tuple[str, int] | None:
+        """None when ``plan`` fits every lane's room and the logits budget, else ``(cut, lane)``."""
+        short = np.bincount(plan.page_owners, minlength=self.config.cp_size) - self._room
+        if (short > 0).any():
+            return "lane", int(np.argmax(short))
+        if self.limit is not None and int(mqa_logits_elements(plan).max()) > self.limit:
+            return "logits_budget", -1
+        return None
+
+    def _accept(self, key, prefix_len: int, n: int, last_loc: int) -> None:
+        self.keys.append(key)
+        self._L0.append(prefix_len)
+        self._E.append(n)
+        self._last.append(last_loc)
+        self.tokens_left -= n
+        self._seen.clear()
+
+    def make_free_page(self) -> bool:
+        """When no lane has a free page but some has evictable ones, evict one page of the lane with the
+        most, so a phase that follows free pages (``balanced``) can pick it; True if a page was freed."""
+        if self.alloc.total_free_pages or not self.cache.evictable_pages_per_lane().any():
+            return False
+        lane = int(np.argmax(self.cache.evictable_pages_per_lane()))
+        freed = self.cache.evict(lane, 1)
+        self.refresh_room()
+        return freed > 0
+
+
+def stuck_alone(
+    config: SimConfig, policy: str, held_pages: np.ndarray, prefix_len: int, last_page: int
+) -> int:
+    """The lane that blocks a request's one-token next chunk even with every other page of the pool free,
+    or -1 when it could run alone.
+
+    A scratch allocator with the same lanes holds only the request's own pages (``held_pages``: int64
+    ``[k]``, its prefix and computed pages; ``last_page`` among them holds position ``prefix_len - 1``),
+    then plans the chunk under ``policy``. Example C=2, P=1, pages per lane 2 (lane 0: one usable page),
+    rotation, the request holds page 1 (lane 1) at prefix 1: its next token goes to lane 1, full -> 1.
+    """
+    C, P = config.cp_size, config.page_size
+    scratch = OwnerLaneAllocator(CPConfig(C, P, policy), list(config.lane_capacities))
+    pages = scratch.alloc_pages(np.asarray(held_pages, dtype=_I64) % C)
+    last = -1
+    if prefix_len:
+        where = int(np.flatnonzero(np.asarray(held_pages) == last_page)[0])
+        last = int(pages[where]) * P + (prefix_len - 1) % P
+    plan = scratch.plan_extend([prefix_len], [1], [last])
+    short = np.bincount(plan.page_owners, minlength=C) - scratch.free_pages_per_lane()
+    return int(np.argmax(short)) if (short > 0).any() else -1
+
+
+def pages_to_finish(total_tokens: int, done_tokens: int, page_size: int) -> int:
+    """New pages a request still needs: ``ceil(total / P) - ceil(done / P)`` (the partly filled last page
+    exists). Example P=4, total 10, done 6: 3 - 2 = 1."""
+    return -(-total_tokens // page_size) - -(-done_tokens // page_size)
+
+
+
+def even_share(pages: Sequence[int] | np.ndarray, cp_size: int) -> np.ndarray:
+    """Pages each lane takes, at most, when C-ZIGZAG spreads ``m`` pages over ``cp_size`` lanes: ``ceil(m / C)``
+    per request (int64, shape of ``pages``). Example C=4: [1, 4, 5, 9] -> [1, 1, 2, 3]."""
+    return -(-np.asarray(pages, dtype=_I64) // cp_size)
+
+
+def reservation_short(policy: str, pages_left: Sequence[int], room: np.ndarray) -> str | None:
+    """Whether every admitted request can still finish: None, or what is short (``"total"``, ``"lane"``).
+
+    ``pages_left``: the new pages each admitted request still needs (``pages_to_finish``); ``room``: free +
+    evictable pages per lane, int64 ``[C]``. Always: the total fits. Under ``rotation`` and ``legacy``
+    (phases fixed by position, not by free pages) also every lane: it holds the even shares
+    (``even_share``) of all requests, the spread C-ZIGZAG gives a chunk of ``>= 2C`` pages and rotation
+    keeps for smaller ones. ``balanced`` needs no per-lane term: it sends a one-page chunk to a lane
+    with a free page, so while the total fits the oldest request can always advance. ``legacy`` with
+    chunks of fewer than 2C pages piles them on lane 0 instead of spreading them; the livelock that
+    follows is the policy's own, and the report shows it.
+    """
+    if sum(pages_left) > int(room.sum()):
+        return "total"
+    if policy == "balanced" or (int(even_share(pages_left, room.shape[0]).sum()) <= room).all():
+        return None
+    return "lane"

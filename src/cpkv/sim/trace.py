@@ -1,0 +1,254 @@
+"""Mooncake-format traces: the ``Request`` record, the validating JSONL loader, token ids from block ids.
+
+Prompts are described, as in the Mooncake trace, by the ids of their consecutive 512-token blocks
+(``hash_ids``; the last block may be partial): two requests whose ``hash_ids`` share a leading run share
+that many blocks of identical prompt prefix. ``prompt_token_ids`` turns the block ids into token ids,
+deterministically and from the block id only, so a prefix cache keyed by token ids sees exactly the reuse
+the trace describes. ``load_trace`` reads ``../shared/traces/mooncake_conversation_trace.jsonl`` (or any
+file of that format), every field of every line validated before anything is returned.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+import numpy as np
+
+from .. import limits
+from ..config import check_int
+from ..errors import CpkvError
+
+TRACE_BLOCK_TOKENS = 512
+"""Tokens per ``hash_ids`` block in Mooncake traces (the last block of a prompt may be partial)."""
+
+VOCAB_SIZE = 2**31 - 1
+"""Derived token ids lie in ``[1, VOCAB_SIZE - 1]``; 0 is never used (free for padding)."""
+
+_INT64_MAX = 2**63 - 1
+_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
+class TraceError(CpkvError, ValueError):
+    """A malformed trace or request (SPEC C-FAIL-FAST).
+
+    From ``load_trace`` the message is ``"{path}:{lineno}: {what}"`` (1-based line number; a file that
+    cannot be read gives ``"{path}: cannot read trace: {reason}"``); from ``prompt_token_ids`` it is
+    ``"request {req_id}: {what}"``. ``what`` names the field and the offending value.
+    """
+
+
+class Request(msgspec.Struct, frozen=True):
+    """One request of a workload, immutable.
+
+    Attributes:
+        req_id: 0-based position in the workload (for a trace: the order of its lines).
+        arrival_ms: arrival time, ms from the start of the workload, float >= 0; non-decreasing in
+            ``req_id`` order.
+        input_length: prompt tokens, int >= 1.
+        output_length: tokens to generate, int >= 0.
+        hash_ids: ids (ints in ``[0, 2**63)``) of the prompt's consecutive ``TRACE_BLOCK_TOKENS``-token
+            blocks; ``len(hash_ids) == ceil(input_length / 512)``. Equal ids mean equal block contents.
+    """
+
+    req_id: int
+    arrival_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+# ----------------------------------------------------------------------------------------------- trace
+
+
+class _TraceLine(msgspec.Struct):
+    """One JSONL line as the typed decoder checks it (fast path); extra fields are ignored."""
+
+    timestamp: Annotated[float, msgspec.Meta(ge=0)]
+    input_length: Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)]
+    output_length: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)]
+    hash_ids: tuple[Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)], ...]
+
+
+_LINE_DECODER = msgspec.json.Decoder(_TraceLine)
+_ANY_DECODER = msgspec.json.Decoder()
+
+
+def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) -> list[Request]:
+    """Load a Mooncake JSONL trace, validating every field of every line read before returning.
+
+    Each line is one JSON object with ``timestamp`` (ms, int or float, >= 0, non-decreasing),
+    ``input_length`` (int >= 1), ``output_length`` (int >= 0) and ``hash_ids`` (list of ints in
+    ``[0, 2**63)``, exactly ``ceil(input_length / 512)`` of them; the real conversation trace satisfies
+    this on all 12,031 lines). JSON booleans are not integers; integral floats such as ``512.0`` are not
+    integers either. Fields other than these four are ignored. Blank (whitespace-only) lines are allowed
+    only after the last request line; a blank line between requests is an error.
+
+    Args:
+        path: the JSONL file.
+        max_requests: read only the first ``max_requests`` request lines (int >= 1); lines after them
+            are neither decoded nor validated. ``None`` reads the whole file.
+
+    Returns:
+        ``Request`` records, ``req_id`` = 0-based line order, ``arrival_ms = float(timestamp)``.
+
+    Raises:
+        TraceError: the file cannot be read, holds no request line, or a line is malformed or would need
+            more than ``cpkv.limits.MAX_ARRAY_BYTES`` (8 B per prompt token twice, per output token once);
+            the message is ``"{path}:{lineno}: {what}"`` naming the field and value. Nothing is returned.
+        ConfigError: ``max_requests`` is not an int >= 1.
+    """
+    if max_requests is not None:
+        max_requests = check_int("max_requests", max_requests, 1)
+    name = os.fspath(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{name}: cannot read trace: {exc.strerror or exc}") from exc
+    lines = data.split(b"\n")
+    end = len(lines)
+    while end and not lines[end - 1].strip():  # trailing blank lines are skipped
+        end -= 1
+    if end == 0:
+        raise TraceError(f"{name}:1: empty trace: no request lines")
+    if max_requests is not None:
+        end = min(end, max_requests)
+    requests: list[Request] = []
+    previous_ms = 0.0
+    for index in range(end):
+        where = f"{name}:{index + 1}"
+        raw = lines[index]
+        try:
+            line = _LINE_DECODER.decode(raw)
+        except msgspec.MsgspecError as exc:
+            raise TraceError(_diagnose(raw, where, exc)) from None
+        if line.timestamp < previous_ms:
+            raise TraceError(
+                f"{where}: field 'timestamp' is {line.timestamp!r} ms, before the previous line's "
+                f"{previous_ms!r} ms (timestamps must be non-decreasing)"
+            )
+        needed = -(-line.input_length // TRACE_BLOCK_TOKENS)
+        if len(line.hash_ids) != needed:
+            raise TraceError(
+                f"{where}: field 'hash_ids' has {len(line.hash_ids)} block ids but input_length "
+                f"{line.input_length} needs ceil({line.input_length} / {TRACE_BLOCK_TOKENS}) = {needed}"
+            )
+        nbytes = 8 * (2 * line.input_length + line.output_length)  # token ids and the request's slot row
+        if nbytes > limits.MAX_ARRAY_BYTES:
+            raise TraceError(
+                f"{where}: input_length {line.input_length} + output_length {line.output_length} would need "
+                f"{nbytes:,} bytes of arrays for this request, above cpkv's limit of {limits.MAX_ARRAY_BYTES:,} bytes "
+                f"(cpkv.limits.MAX_ARRAY_BYTES)"
+            )
+        previous_ms = line.timestamp
+        requests.append(Request(index, line.timestamp, line.input_length, line.output_length, line.hash_ids))
+    return requests
+
+
+def _diagnose(raw: bytes, where: str, exc: Exception) -> str:
+    """Message for a line the typed decoder rejected: the first bad field, its value, the rule."""
+    if not raw.strip():
+        return f"{where}: blank line (blank lines are allowed only after the last request)"
+    try:
+        obj = _ANY_DECODER.decode(raw)
+    except msgspec.MsgspecError:
+        snippet = raw[:80].decode("utf-8", errors="replace")
+        return f"{where}: invalid JSON: {snippet!r}"
+    if not isinstance(obj, dict):
+        return f"{where}: expected a JSON object, got {_describe(obj)}"
+    for field in _FIELDS:
+        if field not in obj:
+            return f"{where}: missing field {field!r}"
+    problem = (
+        _check_number("timestamp", obj["timestamp"], integer=False, minimum=0)
+        or _check_number("input_length", obj["input_length"], integer=True, minimum=1)
+        or _check_number("output_length", obj["output_length"], integer=True, minimum=0)
+        or _check_hash_ids(obj["hash_ids"])
+    )
+    return f"{where}: {problem or exc}"
+
+
+def _check_hash_ids(value: object) -> str | None:
+    if not isinstance(value, list):
+        return f"field 'hash_ids' must be a list of integers, got {_describe(value)}"
+    for i, block in enumerate(value):
+        problem = _check_number(f"hash_ids[{i}]", block, integer=True, minimum=0)
+        if problem:
+            return problem
+    return None
+
+
+def _check_number(field: str, value: object, *, integer: bool, minimum: int) -> str | None:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        wanted = "an integer" if integer else "a number"
+        return f"field {field!r} must be {wanted}, got {_describe(value)}"
+    if value < minimum:
+        return f"field {field!r} must be >= {minimum}, got {_describe(value)}"
+    if value > _INT64_MAX or not math.isfinite(value):
+        return f"field {field!r} must be < 2**63, got {_describe(value)}"
+    return None
+
+
+def _describe(value: object) -> str:
+    """JSON type and JSON text of a decoded value, e.g. ``boolean true``, ``string "12"``."""
+    if value is None:
+        return "null"
+    kind = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array", dict: "object"}
+    text = msgspec.json.encode(value).decode()
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{kind[type(value)]} {text}"
+
+
+# ------------------------------------------------------------------------------------------ token ids
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 output for states ``x`` (uint64 array, any shape), elementwise, wrapping mod 2**64.
+
+    ``splitmix64([0]) == [0xE220A8397B1DCDAF]`` (the first output of the generator seeded with 0).
+    """
+    with np.errstate(over="ignore"):
+        z = np.asarray(x, dtype=np.uint64) + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _MIX1
+        z = (z ^ (z >> np.uint64(27))) * _MIX2
+        return z ^ (z >> np.uint64(31))
+
+
+def prompt_token_ids(request: Request, block_size: int = TRACE_BLOCK_TOKENS) -> np.ndarray:
+    """Token ids of a request's prompt, derived from its block ids; int64 ``[input_length]``.
+
+    Token ``j`` (0-based) of block ``b`` is ``1 + splitmix64((splitmix64(b) + j) mod 2**64) % (VOCAB_SIZE
+    - 1)``: a function of ``(b, j)`` only, in ``[1, VOCAB_SIZE - 1]``. Equal block ids give equal tokens
+    wherever they appear, so equal ``hash_ids`` prefixes give equal token prefixes; different ids give
+    different blocks with overwhelming probability. The last, partial block is a prefix of its full
+    block. Example: ``hash_ids=(7, 9), input_length=600`` gives the 512 tokens of block 7, then the first
+    88 tokens of block 9.
+
+    Raises:
+        TraceError: ``len(hash_ids) != ceil(input_length / block_size)`` or a negative block id.
+        ConfigError: ``block_size`` is not an int >= 1.
+    """
+    block_size = check_int("block_size", block_size, 1)
+    needed = -(-request.input_length // block_size)
+    if len(request.hash_ids) != needed:
+        raise TraceError(
+            f"request {request.req_id}: hash_ids has {len(request.hash_ids)} block ids but input_length "
+            f"{request.input_length} needs ceil({request.input_length} / {block_size}) = {needed}"
+        )
+    blocks = np.asarray(request.hash_ids, dtype=np.int64)  # [num_blocks]
+    if blocks.size and blocks.min() < 0:
+        raise TraceError(f"request {request.req_id}: hash_ids holds a negative block id {int(blocks.min())}")
+    offsets = np.arange(block_size, dtype=np.uint64)  # [block_size]
+    with np.errstate(over="ignore"):
+        keys = splitmix64(blocks.astype(np.uint64))[:, None] + offsets[None, :]  # [num_blocks, block_size]
+    tokens = splitmix64(keys.reshape(-1)[: request.input_length]) % np.uint64(VOCAB_SIZE - 1) + np.uint64(1)
+    return tokens.astype(np.int64)
