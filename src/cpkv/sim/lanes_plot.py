@@ -21,11 +21,13 @@ MAX_POINTS = 1500
 so no spike is lost to thinning."""
 
 
-def imbalance_curve(used: np.ndarray, pages_per_lane: int | Sequence[int]) -> np.ndarray:
+def imbalance_curve(
+    used: np.ndarray, pages_per_lane: int | Sequence[int], busy_fraction: float = BUSY_FRACTION
+) -> np.ndarray:
     """``[steps]`` float64 ``max_r used / mean_r used`` per step; NaN where the mean lane usage is below
-    ``BUSY_FRACTION * pages_per_lane`` (the steps ``lane_imbalance_mean`` leaves out). With one capacity
-    per lane (unequal lanes) the ratio is of fills ``used_r / Q_r``, as ``lane_metrics``; 0 counts every
-    step with pages in use.
+    ``busy_fraction * pages_per_lane`` (by default the steps ``lane_imbalance_mean`` leaves out; 0: every
+    step with pages in use). With one capacity per lane (unequal lanes) the ratio is of fills
+    ``used_r / Q_r``, as ``lane_metrics``.
 
     ``used``: int ``[steps, C]`` pages. Example Q=10, used ``[[1, 0], [4, 2]]`` -> ``[nan, 4/3]``.
     """
@@ -35,7 +37,7 @@ def imbalance_curve(used: np.ndarray, pages_per_lane: int | Sequence[int]) -> np
     caps = np.broadcast_to(np.asarray(pages_per_lane, dtype=np.float64), (used.shape[1],))  # [C]
     fill = used / caps if caps.all() else used
     mean = fill.mean(axis=1)
-    busy = (mean >= (BUSY_FRACTION if caps.all() else 0.0)) & (mean > 0)
+    busy = (mean >= (busy_fraction if caps.all() else 0.0)) & (mean > 0)
     out = np.full(used.shape[0], np.nan)
     out[busy] = fill[busy].max(axis=1) / mean[busy]
     return out
@@ -143,7 +145,7 @@ def _draw_curve(ax, r, Q) -> None:
     times = np.asarray(r.times_ms, dtype=np.float64) / 1000.0
     t, lo, hi = binned(times, ratio, MAX_POINTS)
     share = f"{BUSY_FRACTION:g}"
-    every = imbalance_curve(r.used, 0)  # every step with pages in use, faint under the counted ones
+    every = imbalance_curve(r.used, Q, busy_fraction=0.0)  # every step with pages in use, under the counted
     if (np.isfinite(every) & ~np.isfinite(ratio)).any():
         ta, _, ha = binned(times, every, MAX_POINTS)
         ax.plot(ta, ha, color="0.6", lw=0.8, zorder=2, label=f"the same over all steps (mean < {share} Q: not counted)")

@@ -9,6 +9,7 @@ import pytest
 from cpkv.cli import main
 from cpkv.sim.config import SimConfig
 from cpkv.sim.engine import PolicyRun
+from cpkv.sim.lanes_plot import imbalance_curve
 from cpkv.sim.metrics import compute_imbalance, compute_imbalance_mean, lane_metrics
 from cpkv.sim.report import REPORT_FIELDS
 from cpkv.sim.runner import simulate
@@ -112,6 +113,10 @@ def test_lane_metrics_with_unequal_lanes():
     assert out["lane_imbalance_peak"] == pytest.approx(4 / 3)
     # with one int the ratios are SPEC's formulas on pages (the example above: 4 / 3 at Q=4)
     assert lane_metrics(np.array([[2, 0], [4, 2]]), 4) == lane_metrics(np.array([[2, 0], [4, 2]]), [4, 4])
+    # the plot's curve uses the same fills: step 0 mean fill 0.05 < 0.1 (not counted), step 1 4/3
+    curve = imbalance_curve(np.array([[1, 0], [5, 5]]), [10, 20])
+    assert np.isnan(curve[0]) and curve[1] == pytest.approx(4 / 3)
+    assert imbalance_curve(np.array([[1, 0], [5, 5]]), [10, 20], busy_fraction=0.0)[0] == pytest.approx(2.0)
 
 
 def test_fault5_compute_imbalance_weighs_steps_by_work():
