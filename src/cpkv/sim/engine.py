@@ -27,6 +27,7 @@ import numpy as np
 from ..allocator import OwnerLaneAllocator
 from ..cache import PrefixCache
 from ..config import CPConfig
+from ..errors import LaneExhausted
 from .admission import Fit, StepBuilder, pages_to_finish, reservation_short, stuck_alone
 from .config import SimConfig
 from .cost import step_work
@@ -254,16 +255,20 @@ class PolicyRun:
         batch position, all K slots or none; one whose pages have no lane waits). Returns tokens per rank
         (the verify pass's with MTP), or None when none advanced."""
         b = self.decode_builder
-        b.reset()
         k = b.config.chunk_size
         seqs = [r.req.input_length + r.decoded for r in self.decoding]
-        items = [(r, s, k, int(r.slots[s - 1])) for r, s in zip(self.decoding, seqs, strict=True)]
-        for fit in b.add_many(items):
-            self._note(fit)
-        out = b.commit(allocate=(lambda L0, E, last: self.spec.alloc_draft(L0, last)) if self.spec else None)
-        if out is None:
-            return None
-        batch, a, _ = out
+        lasts = [int(r.slots[s - 1]) for r, s in zip(self.decoding, seqs, strict=True)]
+        allocate = (lambda L0, E, last: self.spec.alloc_draft(L0, last)) if self.spec else self.alloc.alloc_extend
+        try:  # fast path: every request's slots fit in free pages (the builder would plan the same batch)
+            batch, a = list(self.decoding), allocate(seqs, [k] * len(seqs), lasts)
+        except LaneExhausted:
+            b.reset()
+            for fit in b.add_many([(r, s, k, last) for r, s, last in zip(self.decoding, seqs, lasts, strict=True)]):
+                self._note(fit)
+            out = b.commit(allocate=allocate)
+            if out is None:
+                return None
+            batch, a, _ = out
         seq = [r.req.input_length + r.decoded for r in batch]
         if self.spec:
             left = [r.req.output_length - r.decoded for r in batch]
