@@ -27,10 +27,10 @@ from typing import NamedTuple
 import numpy as np
 
 from ..allocator import ExtendAllocation, OwnerLaneAllocator
+from ..cache import PrefixCache
 from ..config import CPConfig
 from ..estimator import mqa_logits_elements
 from ..planner import BatchPlan
-from ..cache import PrefixCache
 from .config import SimConfig
 
 _I64 = np.int64
