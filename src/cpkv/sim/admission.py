@@ -21,7 +21,6 @@ against free + evictable pages, the allocation cannot be refused.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -73,12 +72,11 @@ class Fit(NamedTuple):
     lane: int = -1
 
 
-@dataclass(eq=False)
 class StepBuilder:
     """Builds one prefill step's batch against the real allocator and prefix cache (see module docstring).
 
-    Use: ``reset()``; ``add(key, prefix_len, remaining, last_loc)`` per request, oldest first;
-    ``commit()``. Keys are the caller's request objects, handed back by ``commit`` in batch order.
+    Use: ``reset()``; ``add(key, prefix_len, remaining, last_loc)`` (or ``add_many``) per request, oldest
+    first; ``commit()``. Keys are the caller's request objects, handed back by ``commit`` in batch order.
 
     Args:
         config: the ``SimConfig`` (cp_size, page_size, chunk_size, max_batch_tokens, logits budget).
@@ -86,21 +84,17 @@ class StepBuilder:
         whole: every chunk is the wanted one or none (decode and speculative-decode steps).
     """
 
-    config: SimConfig
-    alloc: OwnerLaneAllocator
-    cache: PrefixCache
-    whole: bool = False
-    keys: list = field(default_factory=list)
-    tokens_left: int = 0
-    _L0: list[int] = field(default_factory=list, repr=False)
-    _E: list[int] = field(default_factory=list, repr=False)
-    _last: list[int] = field(default_factory=list, repr=False)
-    _room: np.ndarray = field(default_factory=lambda: np.zeros(0, _I64), repr=False)
-    _seen: dict = field(default_factory=dict, repr=False)  # verdicts for the current batch and room
-    _plans: dict = field(default_factory=dict, repr=False)  # batch key -> (free pages, plan) this step
-
-    def __post_init__(self) -> None:
-        self.limit = self.config.logits_budget_elements
+    def __init__(self, config: SimConfig, alloc: OwnerLaneAllocator, cache: PrefixCache, *, whole: bool = False):
+        self.config, self.alloc, self.cache, self.whole = config, alloc, cache, whole
+        self.limit = config.logits_budget_elements  # elements per rank, or None
+        self.keys: list = []  # the batch's requests, in batch order
+        self.tokens_left = 0
+        self._L0: list[int] = []  # the batch's prefix_lens, extend_lens and last_locs
+        self._E: list[int] = []
+        self._last: list[int] = []
+        self._room = np.zeros(config.cp_size, dtype=_I64)  # [C] free + evictable pages
+        self._seen: dict = {}  # verdicts for the current batch and room
+        self._plans: dict = {}  # batch key -> (free pages, plan), this step
 
     # ------------------------------------------------------------------------------------------ build
     def reset(self) -> None:
@@ -125,11 +119,17 @@ class StepBuilder:
         cfg, in_page = self.config, not self.keys
         want = min(remaining, cfg.chunk_size, self.tokens_left)
         shortest = 1 if in_page else min(remaining, cfg.page_size - prefix_len % cfg.page_size)  # raw tokens
-        shortest = want if self.whole else shortest
+        if self.whole:
+            shortest = want
         if want < shortest:
             return Fit(0, "tokens")
-        chunk = lambda n: align_chunk(prefix_len, n, remaining, cfg.cp_size, cfg.page_size, in_page=in_page)  # noqa: E731
-        size = self._sizer(prefix_len, chunk, last_loc)
+
+        def chunk(n: int) -> int:  # the aligned chunk for raw length n (0: none)
+            return align_chunk(prefix_len, n, remaining, cfg.cp_size, cfg.page_size, in_page=in_page)
+
+        def size(n: int) -> tuple[str, int] | None:  # None when chunk(n) fits, else (cut, lane)
+            return self._check(prefix_len, chunk(n), last_loc) if chunk(n) else ("tokens", -1)
+
         first = size(want)
         if first is None:
             self._accept(key, prefix_len, chunk(want), last_loc)
@@ -203,12 +203,17 @@ class StepBuilder:
             return list(self.keys), (allocate or self.alloc.alloc_extend)(*args), logits
         return None
 
-    # ---------------------------------------------------------------------------------------- private
-    def _sizer(self, prefix_len: int, chunk, last_loc: int):
-        """``size(n)``: None when ``chunk(n)`` (the aligned chunk for raw length n) fits, else ``(cut, lane)``
-        (a raw length that aligns to no chunk at all counts as cut by the token budget)."""
-        return lambda n: self._check(prefix_len, chunk(n), last_loc) if chunk(n) else ("tokens", -1)
+    def make_free_page(self) -> bool:
+        """When no lane has a free page but some has evictable ones, evict one page of the lane with the
+        most, so a phase that follows free pages (``balanced``) can pick it; True if a page was freed."""
+        if self.alloc.total_free_pages or not self.cache.evictable_pages_per_lane().any():
+            return False
+        lane = int(np.argmax(self.cache.evictable_pages_per_lane()))
+        freed = self.cache.evict(lane, 1)
+        self.refresh_room()
+        return freed > 0
 
+    # ---------------------------------------------------------------------------------------- private
     def _wanted(self, items: Sequence[tuple]) -> list[int]:
         """Aligned wanted chunks of ``items`` taken in order from the token budget left; stops at the first
         request the budget cannot serve (it goes through ``add``)."""
@@ -279,15 +284,6 @@ class StepBuilder:
         self.tokens_left -= n
         self._seen.clear()
 
-    def make_free_page(self) -> bool:
-        """When no lane has a free page but some has evictable ones, evict one page of the lane with the
-        most, so a phase that follows free pages (``balanced``) can pick it; True if a page was freed."""
-        if self.alloc.total_free_pages or not self.cache.evictable_pages_per_lane().any():
-            return False
-        lane = int(np.argmax(self.cache.evictable_pages_per_lane()))
-        freed = self.cache.evict(lane, 1)
-        self.refresh_room()
-        return freed > 0
 
 
 def stuck_alone(
@@ -298,8 +294,9 @@ def stuck_alone(
 
     A scratch allocator with the same lanes holds only the request's own pages (``held_pages``: int64
     ``[k]``, its prefix and computed pages; ``last_page`` among them holds position ``prefix_len - 1``),
-    then plans the chunk under ``policy``. Example C=2, P=1, pages per lane 2 (lane 0: one usable page),
-    rotation, the request holds page 1 (lane 1) at prefix 1: its next token goes to lane 1, full -> 1.
+    then plans the chunk under ``policy``. Example C=2, P=1, pages per lane 2 (lane 0's only usable page is
+    page 2), rotation, a request holding pages [2, 1] (tokens 0, 1) at prefix 2: its next token goes to
+    lane 2 % 2 = 0, whose only usable page it holds -> 0.
     """
     C, P = config.cp_size, config.page_size
     scratch = OwnerLaneAllocator(CPConfig(C, P, policy), list(config.lane_capacities))
@@ -317,7 +314,6 @@ def pages_to_finish(total_tokens: int, done_tokens: int, page_size: int) -> int:
     """New pages a request still needs: ``ceil(total / P) - ceil(done / P)`` (the partly filled last page
     exists). Example P=4, total 10, done 6: 3 - 2 = 1."""
     return -(-total_tokens // page_size) - -(-done_tokens // page_size)
-
 
 
 def even_share(pages: Sequence[int] | np.ndarray, cp_size: int) -> np.ndarray:

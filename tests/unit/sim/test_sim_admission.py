@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpkv.sim.admission import align_chunk, even_share, pages_to_finish, reservation_short
+from cpkv.sim.admission import align_chunk, even_share, pages_to_finish, reservation_short, stuck_alone
 from cpkv.sim.config import SimConfig
 from cpkv.sim.engine import PolicyRun
 from cpkv.sim.trace import Request
@@ -88,6 +88,17 @@ def test_fault3_admission_prices_the_chunks_it_runs_not_an_unchunked_phase0_prom
     m = PolicyRun(cfg, policy, [Request(0, 0.0, 9, 1, (1,))]).run().metrics
     assert m["requests_finished"] == 1 and m["requests_rejected"] == 0
     assert m["lane_pages_peak"] == [4, 5]
+
+
+def test_stuck_alone_on_a_scratch_pool():
+    # C=2, P=1, Q=2: lane 0's only usable page is page 2, lane 1 has pages 1 and 3. A request holding pages
+    # [2, 1] (tokens 0, 1) at prefix 2: rotation puts token 2 on lane (2 + 0) % 2 = 0, which it fills
+    # alone -> lane 0; balanced picks the lane with a free page (lane 1) -> -1; at prefix 1 (holding only
+    # page 2, last page 2) rotation's next lane is 1, free -> -1.
+    cfg = SimConfig(cp_size=2, page_size=1, pages_per_lane=2)
+    assert stuck_alone(cfg, "rotation", np.array([2, 1]), 2, 1) == 0
+    assert stuck_alone(cfg, "balanced", np.array([2, 1]), 2, 1) == -1
+    assert stuck_alone(cfg, "rotation", np.array([2]), 1, 2) == -1
 
 
 def test_request_that_cannot_run_alone_is_rejected_with_a_lane_reason_not_livelocked():
