@@ -19,7 +19,7 @@ import numpy as np
 from _common import ROOT, parser, print_table, write_json
 
 from cpkv import CPConfig, OwnerLaneAllocator, PrefixCache
-from cpkv.sim.workload import load_trace, prompt_token_ids
+from cpkv.sim.trace import load_trace, prompt_token_ids
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 STEPS = ("match", "lock", "evict", "alloc", "insert", "unlock")
