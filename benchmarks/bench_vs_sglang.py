@@ -94,7 +94,7 @@ def assert_same(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 
 def load_prompts(n: int) -> list[np.ndarray]:
-    from cpkv.sim.workload import load_trace, prompt_token_ids
+    from cpkv.sim.trace import load_trace, prompt_token_ids
 
     return [prompt_token_ids(r) for r in load_trace(TRACE, max_requests=n)]
 

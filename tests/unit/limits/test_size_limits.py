@@ -136,7 +136,7 @@ def test_cli_plan_huge_extend_exits_2_at_once(capsys):
 
 
 def test_trace_line_too_large_for_the_simulator(tmp_path):
-    from cpkv.sim.workload import TraceError, load_trace
+    from cpkv.sim.trace import TraceError, load_trace
 
     f = tmp_path / "t.jsonl"
     f.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
