@@ -3,26 +3,45 @@
 Public API (SPEC section 10): ``CPConfig``, ``owner_lane_phase``, ``plan_request``, ``plan_batch``,
 ``mqa_logits_elements``, ``SharedKVLayout`` (sharded or replicated pools), ``OwnerLaneAllocator``,
 ``rank_kv_lens`` / ``verify_rank_kv_lens`` (speculative decoding) and the error types.
+
+Names load on first use (PEP 562): ``import cpkv`` imports neither torch nor numpy, so the ``cpkv``
+command starts in a fraction of a second and a Ctrl-C during start-up is a clean abort.
 """
 
-from .allocator import ExtendAllocation, OwnerLaneAllocator
-from .cache import CacheEntry, HostTier, InsertResult, PrefixCache, PrefixMatch
-from .config import OWNER_POLICIES, CPConfig
-from .errors import (
-    AllocatorError,
-    ConfigError,
-    CpkvError,
-    LaneExhausted,
-    LayoutError,
-    PlanError,
-    PoolKindError,
-    PrefixCacheError,
-    UnsupportedPagePlan,
-)
-from .estimator import mqa_logits_elements
-from .kv_lens import rank_kv_lens, verify_rank_kv_lens
-from .layout import POOL_KINDS, SharedKVLayout
-from .planner import BatchPlan, RequestPlan, owner_lane_phase, plan_batch, plan_request
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {  # public name -> the module that defines it
+    "ExtendAllocation": ".allocation",
+    "OwnerLaneAllocator": ".allocator",
+    "CacheEntry": ".cache",
+    "HostTier": ".cache",
+    "InsertResult": ".cache",
+    "PrefixCache": ".cache",
+    "PrefixMatch": ".cache",
+    "OWNER_POLICIES": ".config",
+    "CPConfig": ".config",
+    "AllocatorError": ".errors",
+    "ConfigError": ".errors",
+    "CpkvError": ".errors",
+    "LaneExhausted": ".errors",
+    "LayoutError": ".errors",
+    "PlanError": ".errors",
+    "PoolKindError": ".errors",
+    "PrefixCacheError": ".errors",
+    "UnsupportedPagePlan": ".errors",
+    "mqa_logits_elements": ".estimator",
+    "rank_kv_lens": ".kv_lens",
+    "verify_rank_kv_lens": ".kv_lens",
+    "POOL_KINDS": ".layout",
+    "SharedKVLayout": ".layout",
+    "BatchPlan": ".planner",
+    "RequestPlan": ".planner",
+    "owner_lane_phase": ".planner",
+    "plan_batch": ".planner",
+    "plan_request": ".planner",
+}
 
 __all__ = [
     "CacheEntry",
@@ -56,3 +75,17 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """Load a public name from its module on first access (``from cpkv import X`` included)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cpkv' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

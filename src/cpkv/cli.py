@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -17,7 +18,24 @@ class InputError(CpkvError, ValueError):
     """Bad command-line input (a file, a flag combination); exits 2 with a one-line message."""
 
 
-@click.group(help="cpkv: context-parallel prefill with an owner-lane sharded, paged KV cache.")
+class _LazyGroup(click.Group):
+    """A command group whose heavy commands load on first use: ``run-dist`` pulls in torch and the
+    executor, so ``cpkv plan`` and ``cpkv simulate`` start without them. ``lazy`` maps a command name to
+    ``(module, attribute)``; the command is defined once, there (``cpkv.executor`` reuses it)."""
+
+    lazy = {"run-dist": ("cpkv.executor.cli_entry", "run_dist_cli")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            module, attr = self.lazy[name]
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup, help="cpkv: context-parallel prefill with an owner-lane sharded, paged KV cache.")
 @click.version_option(package_name="cpkv")
 def app() -> None:
     """The ``cpkv`` command group."""
@@ -178,15 +196,6 @@ def interrupted_line(e, out_dir: Path) -> str:
     return f"{head}; wrote the finished policies to {out_dir} (report.json status: interrupted)"
 
 
-def _add_run_dist() -> None:
-    from .executor.cli_entry import run_dist_cli  # one definition, shared with ``python -m cpkv.executor``
-
-    app.add_command(run_dist_cli)
-
-
-_add_run_dist()
-
-
 def check_out_dir(out_dir: Path) -> None:
     """Fail before any work when ``out_dir`` cannot receive the report files (InputError, exit 2).
 
@@ -263,9 +272,17 @@ def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: runs the typer app; bad input prints one line to stderr and exits 2."""
+    """Console entry point: bad input prints one line to stderr and exits 2; Ctrl-C (at any moment, torch's
+    import included) prints ``cpkv: aborted`` and exits 130.
+
+    The context is made and invoked here rather than through click's ``main``, whose Ctrl-C handling
+    prints an empty line before any message of ours.
+    """
     try:
-        rv = app.main(args=argv, prog_name="cpkv", standalone_mode=False)
+        with app.make_context("cpkv", list(sys.argv[1:] if argv is None else argv)) as ctx:
+            rv = app.invoke(ctx)
+    except click.exceptions.Exit as e:  # --help, --version
+        return e.exit_code
     except click.exceptions.UsageError as e:
         print(f"cpkv: error: {e.format_message()}", file=sys.stderr)
         return 2
@@ -275,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     except MemoryError as e:
         print(f"cpkv: error: the input is too large to plan in this machine's memory ({e})", file=sys.stderr)
         return 2
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         print("cpkv: aborted", file=sys.stderr)
         return 130
     return rv if isinstance(rv, int) else 0
