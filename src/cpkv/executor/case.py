@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..config import CPConfig, check_int, per_lane_ints
+from ..config import DEFAULT_OWNER_POLICY, CPConfig, check_int, per_lane_ints
 from ..layout import SharedKVLayout
 from .errors import DistError
 from .forward import INDEX_K, LATENT, CPExecutor
@@ -38,7 +38,7 @@ class DistCase:
         pages_per_lane: Q, one int for every lane or C ints (ranks with unequal free memory; the shared
             layout then has ``max(Q_r)`` pages per lane and lane r uses its first Q_r); None sizes the
             pool so every request fits on one lane at once (``workload.total_pages(P) + 1``).
-        policy: owner policy, ``rotation`` / ``legacy`` / ``balanced``.
+        policy: owner policy, ``balanced`` (default, as ``CPConfig``) / ``rotation`` / ``legacy``.
         model: ``TinyDecoderConfig`` (default: MLA, 576-wide latent rows, dense attention; ``attention=
             "nsa"`` adds the indexer and its index-K pool).
         kv_storage: ``"shm"`` / ``"mirrored"``; None: ``shm`` on CPU, ``mirrored`` on GPU.
@@ -53,7 +53,7 @@ class DistCase:
     workload: Workload
     page_size: int = 64
     pages_per_lane: int | tuple[int, ...] | None = None
-    policy: str = "rotation"
+    policy: str = DEFAULT_OWNER_POLICY
     model: TinyDecoderConfig = field(default_factory=TinyDecoderConfig)
     kv_storage: str | None = None
     prefix_cache: bool = True
