@@ -66,3 +66,13 @@ def test_plan_and_simulate_share_cp_size_and_page_size_defaults():
     plan, sim = _defaults("plan"), _defaults("simulate")
     assert (plan["cp_size"], plan["page_size"]) == (sim["cp_size"], sim["page_size"])
     assert (sim["cp_size"], sim["page_size"]) == (SimConfig().cp_size, SimConfig().page_size) == (8, 64)
+
+
+def test_run_dist_page_size_default_is_the_same():
+    # run-dist loads with its command (cli._LazyGroup); its --page-size default is plan's and simulate's.
+    import click
+
+    ctx = click.Context(app)
+    run_dist = app.get_command(ctx, "run-dist")
+    page_size = {p.name: p.default for p in run_dist.params}["page_size"]
+    assert page_size == _defaults("simulate")["page_size"] == 64
