@@ -19,13 +19,14 @@ from .errors import AllocatorError, ConfigError, LaneExhausted, PlanError
 from .kernels import fill_out_cache_loc, use_kernels
 from .layout import check_pool_kind
 from .limits import check_bytes
+from .plan_memo import PlanMemo
 from .planner import (
     BatchPlan,
     _as_int_array,
     _lengths,
+    _plan_checked,
     expand_runs,
     offsets_within_key,
-    plan_batch,
     zigzag_lane_pages,
 )
 from .single_page import SinglePageTables, alloc_single_page
@@ -103,6 +104,8 @@ class OwnerLaneAllocator:
         self._free[self._stack] = True
         self._single = SinglePageTables(config.page_size, C, self.lane_pages)
         self.capacity_per_lane = self._top.copy()  # [C] usable pages
+        self._changes = 0  # calls that took or freed pages (a kept plan's last_locs are checked again after one)
+        self._memo = PlanMemo()  # plans of plan_extend, for the alloc_extend that follows
 
     # ----------------------------------------------------------------------------------------- queries
     def free_pages_per_lane(self) -> np.ndarray:
@@ -183,7 +186,7 @@ class OwnerLaneAllocator:
 
     def _alloc_planned(self, prefix_lens, extend_lens, last_locs) -> ExtendAllocation:
         """The general path of ``alloc_extend``: plan the batch, pick every run's pages, commit."""
-        plan, last = self._plan_extend(prefix_lens, extend_lens, last_locs)
+        plan, last, key = self._plan_extend(prefix_lens, extend_lens, last_locs)
         runs = plan.token_runs
         seg = runs.pages > 0  # the runs of new pages (zigzag segments), in page order
         new_pages, counts = self._pick(runs.owner[seg], runs.pages[seg])
@@ -192,6 +195,7 @@ class OwnerLaneAllocator:
         else:
             out = torch.from_numpy(_extend_slots(plan, last, new_pages)).to(self.device)
         self._commit(new_pages, counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
+        self._memo.drop(key)  # kept only while the batch was not allocated (e.g. a retry after LaneExhausted)
         new_pages.setflags(write=False)
         return ExtendAllocation(out_cache_loc=out, plan=plan, new_pages=new_pages)
 
@@ -201,7 +205,10 @@ class OwnerLaneAllocator:
         Validates ``last_locs`` and derives head owners as ``alloc_extend`` does; under ``balanced`` the
         phases reflect the current free pages. A scheduler checks budgets on it (e.g.
         ``mqa_logits_elements``) before calling ``alloc_extend`` with the same arguments, which yields the
-        same plan while no other call intervenes.
+        same plan while no other call intervenes. The allocator keeps the plan (``plan_memo.py``): that
+        ``alloc_extend``, and another ``plan_extend`` of the same arguments, reuse it instead of planning
+        again whenever they would plan the same (``rotation``, ``legacy``: always; ``balanced``: while the
+        free pages per lane are the same), ``last_locs`` checked again once pages changed.
 
         Raises:
             PlanError, AllocatorError, UnsupportedPagePlan: as ``alloc_extend``; nothing changes.
@@ -315,6 +322,7 @@ class OwnerLaneAllocator:
             self._stack[top : top + mine.shape[0]] = mine[::-1]
             self._top[r] += mine.shape[0]
         self._free[pages] = True
+        self._changes += 1
 
     # ---------------------------------------------------------------------------------------- private
     def _held(self, pages: np.ndarray) -> np.ndarray:
@@ -359,22 +367,38 @@ class OwnerLaneAllocator:
             raise AllocatorError(f"owners[{i}]={int(arr[i])} out of range [0, {self.config.cp_size})")
         return arr
 
-    def _plan_extend(self, prefix_lens, extend_lens, last_locs) -> tuple[BatchPlan, np.ndarray]:
+    def _plan_extend(self, prefix_lens, extend_lens, last_locs) -> tuple[BatchPlan, np.ndarray, bytes]:
+        """``(plan, last_locs, memo key)`` of a batch: the kept plan of these arguments when it is still the
+        plan (``plan_memo.py``), else a new one, which is kept."""
         L0, E = _lengths(prefix_lens, extend_lens)
         last = _as_int_array("last_locs", last_locs, L0.shape[0])
+        balanced = self.config.owner_policy == "balanced"
+        key, free = PlanMemo.key(L0, E, last), self._top.tobytes() if balanced else b""
+        hit = self._memo.get(key, self._changes, free)
+        if hit is not None:
+            if not hit.current:
+                self._head_owners(L0, last)  # raises as planning would
+            return hit.plan, last, key
         head = self._head_owners(L0, last)
-        phases = self._balanced_phases(L0, E) if self.config.owner_policy == "balanced" else None
-        return plan_batch(L0, E, self.config, head_owners=head, phases=phases), last
+        phases = self._balanced_phases(L0, E) if balanced else None
+        plan = _plan_checked(L0, E, self.config, head_owners=head, phases=phases)
+        self._memo.put(key, plan, self._changes, free)
+        return plan, last, key
 
     def _head_owners(self, L0: np.ndarray, last: np.ndarray) -> np.ndarray:
         """Validate ``last_locs`` against ``prefix_lens`` (C-FAIL-FAST) and return lanes (-1: none)."""
         P, C = self.config.page_size, self.config.cp_size
         none = L0 <= 0
+        has = ~none
+        ok = (last >= P) & (last < self.num_pages * P) & ((last + 1) % P == L0 % P)
+        if np.where(has, ok, last == -1).all():  # all valid so far: one combined check (else the first failure is named below)
+            page = np.where(has, last // P, 0)
+            if (none | self._held(page)).all():
+                return np.where(has, page % C, -1)
         bad = np.flatnonzero(none & (last != -1))
         if bad.size:
             i = int(bad[0])
             raise AllocatorError(f"request {i}: prefix_len={int(L0[i])} needs last_loc=-1, got {int(last[i])}")
-        has = ~none
         bad = np.flatnonzero(has & ((last < P) | (last >= self.num_pages * P)))
         if bad.size:
             i = int(bad[0])
@@ -460,6 +484,7 @@ class OwnerLaneAllocator:
         """Take the pages ``_pick`` chose: pop ``counts[r]`` pages off every lane's stack."""
         self._top -= counts
         self._free[pages] = False
+        self._changes += 1
 
 
 def _extend_slots(plan: BatchPlan, last: np.ndarray, new_pages: np.ndarray) -> np.ndarray:

@@ -298,6 +298,9 @@ def _as_int_array(name: str, values: object, n: int | None) -> np.ndarray:
     Accepts a list or tuple of ints (bools are refused, though numpy would take them as 0 and 1), an
     integer numpy array or a tensor on any device that holds data (a ``meta`` tensor holds none).
     """
+    fast = _int64_fast(values)  # the common valid inputs, without the checks below (same result)
+    if fast is not None and (n is None or fast.shape[0] == n):
+        return fast
     if hasattr(values, "detach"):  # torch tensor
         values = _tensor_values(name, values)
     elif isinstance(values, (list, tuple)) and any(_is_bool(v) for v in values):
@@ -318,6 +321,21 @@ def _as_int_array(name: str, values: object, n: int | None) -> np.ndarray:
     return arr.astype(_I64, copy=False)
 
 
+def _int64_fast(values: object) -> np.ndarray | None:
+    """``values`` as ``_as_int_array`` returns them when they are a 1-D int64 numpy array (itself) or a list
+    or tuple of Python ints within int64 (a new array); None for anything else (then the full checks run)."""
+    if type(values) is np.ndarray:
+        return values if values.dtype == _I64 and values.ndim == 1 else None
+    if type(values) is list or type(values) is tuple:
+        if not all(type(v) is int for v in values):  # bools, numpy scalars, nesting: the full checks
+            return None
+        try:
+            return np.array(values, dtype=_I64)
+        except OverflowError:  # outside int64: the full checks name it
+            return None
+    return None
+
+
 def _tensor_values(name: str, tensor) -> np.ndarray:
     """A tensor's values as numpy, or PlanError naming ``name`` (no data, or a dtype numpy lacks)."""
     device = getattr(tensor, "device", None)
@@ -332,6 +350,7 @@ def _tensor_values(name: str, tensor) -> np.ndarray:
 
 
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+_INT16_MAX = int(np.iinfo(np.int16).max)
 MAX_POSITION = 2**53
 """Largest ``prefix_len + extend_len`` (tokens) the planner accepts: positions, slots and the MQA-logits
 estimate stay exact in int64 (and in float64 for the cost model)."""
@@ -344,6 +363,8 @@ def _optional_lanes(name: str, values: object, n: int, cp_size: int) -> np.ndarr
     if not isinstance(values, np.ndarray) and not hasattr(values, "detach"):
         values = [-1 if v is None else v for v in values]  # type: ignore[union-attr]
     arr = _as_int_array(name, values, n)
+    if not arr.shape[0] or (arr.min() >= -1 and arr.max() < cp_size):
+        return arr
     bad = np.flatnonzero((arr < -1) | (arr >= cp_size))
     if bad.size:
         i = int(bad[0])
@@ -355,6 +376,9 @@ def _lengths(prefix_lens, extend_lens, first_index: int = 0) -> tuple[np.ndarray
     """``(prefix_lens, extend_lens)`` as int64 ``[B]`` arrays; PlanError naming the request and value."""
     L0 = _as_int_array("prefix_lens", prefix_lens, None)
     E = _as_int_array("extend_lens", extend_lens, L0.shape[0])
+    if not L0.shape[0] or (L0.min() >= 0 and E.min() >= 0 and L0.max() <= MAX_POSITION and E.max() <= MAX_POSITION
+                           and (L0 + E).max() <= MAX_POSITION):  # fmt: skip
+        return L0, E  # all valid (the checks below find the first bad request otherwise)
     for name, arr in (("prefix_len", L0), ("extend_len", E)):
         i = _first_bad(arr < 0)
         if i is not None:
@@ -405,18 +429,24 @@ def _exact_sum(values: np.ndarray) -> int:
 
 
 def _first_bad(mask: np.ndarray) -> int | None:
-    bad = np.flatnonzero(mask)
-    return int(bad[0]) if bad.size else None
+    """Index of the first True of the bool ``mask``, None when there is none."""
+    return int(mask.argmax()) if mask.any() else None
 
 
 def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index: int) -> BatchPlan:
     """The single planner behind ``plan_request`` and ``plan_batch`` (C-BS1-COMPATIBILITY)."""
     if not isinstance(config, CPConfig):
         raise PlanError(f"config must be a CPConfig, got {type(config).__name__}")
-    C, P = config.cp_size, config.page_size
     L0, E = _lengths(prefix_lens, extend_lens, first_index)
-    L0, E = L0.copy(), E.copy()  # the plan's own arrays, never the caller's (they are made read-only below)
+    return _plan_checked(L0, E, config, head_owners=head_owners, phases=phases, first_index=first_index)
+
+
+def _plan_checked(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners, phases, first_index: int = 0) -> BatchPlan:
+    """``_plan`` for lengths ``_lengths`` already returned (int64 ``[B]``, valid; not modified): the plan
+    size, head owners and phases are checked here, then the plan is built (the allocator's entry)."""
+    C, P = config.cp_size, config.page_size
     check_plan_size(L0, E, config)
+    L0, E = L0.copy(), E.copy()  # the plan's own arrays, never the caller's (they are made read-only below)
     B = L0.shape[0]
     head = _optional_lanes("head_owners", head_owners, B, C)
     req_idx = np.arange(first_index, first_index + B, dtype=_I64)
@@ -568,8 +598,8 @@ def _token_runs(L0, E, h, head, m, seg_pages, seg_owner, P: int) -> TokenRuns:
     np.multiply(seg_pages, P, out=length[:, 1:])
     last_seg = np.minimum(m, S)  # column of the last non-empty segment (0: none): segments fill in order
     has = last_seg > 0
-    short = -(-(L0 + E) // P) * P - (L0 + E)  # [B] tokens the last page lacks
-    length[np.flatnonzero(has), last_seg[has]] -= short[has]
+    short = -(L0 + E) % P  # [B] tokens the last page lacks: ceil((L0 + E) / P) * P - (L0 + E)
+    length[np.arange(B), last_seg] -= np.where(has, short, 0)  # rows without pages: 0 off their head run
     owner = np.empty((B, S + 1), dtype=_I64)
     owner[:, 0] = head
     owner[:, 1:] = seg_owner
@@ -598,7 +628,7 @@ def offsets_within_key(key: np.ndarray, length: np.ndarray, key_totals: np.ndarr
     length)``, int64 ``[K]``. One stable sort by key (a radix sort for small keys), O(R).
     Example key [1, 0, 1, 1], length [2, 5, 3, 1] -> [0, 0, 2, 5].
     """
-    sort_key = key.astype(np.int16) if key_totals.shape[0] <= np.iinfo(np.int16).max else key
+    sort_key = key.astype(np.int16) if key_totals.shape[0] <= _INT16_MAX else key
     order = np.argsort(sort_key, kind="stable")
     sorted_len = length[order]
     key_start = np.cumsum(key_totals) - key_totals

@@ -94,14 +94,12 @@ class StepBuilder:
         self._last: list[int] = []
         self._room = np.zeros(config.cp_size, dtype=_I64)  # [C] free + evictable pages
         self._seen: dict = {}  # verdicts for the current batch and room
-        self._plans: dict = {}  # batch key -> (free pages, plan), this step
 
     # ------------------------------------------------------------------------------------------ build
     def reset(self) -> None:
         """Start an empty batch with the whole token budget; read every lane's room."""
         self.keys, self._L0, self._E, self._last = [], [], [], []
         self.tokens_left = self.config.max_batch_tokens
-        self._plans.clear()
         self.refresh_room()
 
     def refresh_room(self) -> None:
@@ -187,7 +185,7 @@ class StepBuilder:
         while self.keys:
             args = (self._L0, self._E, self._last)
             free = self.alloc.free_pages_per_lane()
-            plan = self._plan(args, free)
+            plan = self.alloc.plan_extend(*args)  # the plan alloc_extend takes below (kept by the allocator)
             need = np.bincount(plan.page_owners, minlength=C)
             logits = mqa_logits_elements(plan)
             room = free + self.cache.evictable_pages_per_lane()
@@ -252,17 +250,8 @@ class StepBuilder:
         if key not in self._seen:
             L0, E, last = (list(x) for x in zip(*key, strict=True))
             args = (self._L0 + L0, self._E + E, self._last + last)
-            self._seen[key] = self._verdict(self._plan(args, self.alloc.free_pages_per_lane()))
+            self._seen[key] = self._verdict(self.alloc.plan_extend(*args))
         return self._seen[key]
-
-    def _plan(self, args: tuple[list, list, list], free: np.ndarray) -> BatchPlan:
-        """``alloc.plan_extend(*args)``, reused within the step while the free pages are the same (the
-        plan depends on nothing else of the allocator: C-BALANCED phases follow free pages only)."""
-        key = tuple(map(tuple, args))
-        hit = self._plans.get(key)
-        if hit is None or not np.array_equal(hit[0], free):
-            hit = self._plans[key] = (free, self.alloc.plan_extend(*args))
-        return hit[1]
 
     def _check(self, prefix_len: int, n: int, last_loc: int) -> tuple[str, int] | None:
         return self._check_many([(None, prefix_len, 0, last_loc)], [n])
