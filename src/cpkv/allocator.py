@@ -104,6 +104,7 @@ class OwnerLaneAllocator:
         self._free[self._stack] = True
         self._single = SinglePageTables(config.page_size, C, self.lane_pages)
         self.capacity_per_lane = self._top.copy()  # [C] usable pages
+        self._equal_lanes = bool((self.lane_pages == self.pages_per_lane).all())  # every id < num_pages exists
         self._changes = 0  # calls that took or freed pages (a kept plan's last_locs are checked again after one)
         self._memo = PlanMemo()  # plans of plan_extend, for the alloc_extend that follows
 
@@ -315,24 +316,38 @@ class OwnerLaneAllocator:
         if pages.size == 0:
             return
         self._check_held(pages)
-        lanes = pages % self.config.cp_size
-        for r in np.unique(lanes):
-            mine = pages[lanes == r]
-            top = self._base[r] + self._top[r]
-            self._stack[top : top + mine.shape[0]] = mine[::-1]
-            self._top[r] += mine.shape[0]
+        C = self.config.cp_size
+        if C == 1:
+            top = int(self._top[0])
+            self._stack[top : top + pages.shape[0]] = pages[::-1]
+            self._top[0] += pages.shape[0]
+        else:  # each lane's pages go on its stack in reverse order (the first listed on top), all lanes at once
+            lanes = pages % C
+            order = np.argsort(lanes, kind="stable")  # by lane, listed order within a lane
+            counts = np.bincount(lanes, minlength=C)  # [C]
+            # page k of the sorted order, j-th of its lane r: _stack[_base[r] + _top[r] + counts[r] - 1 - j]
+            # with j = k - (pages of lanes below r): one offset per lane, minus k.
+            first = self._base + self._top + counts - 1 + (np.cumsum(counts) - counts)  # [C]
+            self._stack[first[lanes[order]] - np.arange(pages.shape[0])] = pages[order]
+            self._top += counts
         self._free[pages] = True
         self._changes += 1
 
     # ---------------------------------------------------------------------------------------- private
     def _held(self, pages: np.ndarray) -> np.ndarray:
         """Bool ``[n]``: page is handed out (exists on its lane and is not free); page 0 never is."""
+        if self._equal_lanes:  # every id below num_pages exists (the callers checked the range)
+            return ~self._free[pages] & (pages != 0)
         C = self.config.cp_size
         return ~self._free[pages] & (pages // C < self.lane_pages[pages % C]) & (pages != 0)
 
     def _check_held(self, pages: np.ndarray, what: str = "cannot free") -> None:
         """AllocatorError (``"{what} page {p}: {why}"``) unless every page is handed out and listed once:
         not page 0, not free, not beyond its lane's capacity, no duplicate."""
+        if self._held(pages).all():  # the common case: one pass, then the duplicates on a sorted copy
+            ordered = np.sort(pages)
+            if not (ordered[1:] == ordered[:-1]).any():
+                return
         C = self.config.cp_size
         bad = pages[pages == 0]
         if bad.size:
@@ -351,8 +366,8 @@ class OwnerLaneAllocator:
             arr = _as_int_array("pages", pages, None)
         except PlanError as e:
             raise AllocatorError(str(e)) from None
-        bad = arr[(arr < 0) | (arr >= self.num_pages)]
-        if bad.size:
+        if arr.shape[0] and (arr.min() < 0 or arr.max() >= self.num_pages):
+            bad = arr[(arr < 0) | (arr >= self.num_pages)]
             raise AllocatorError(f"page id {int(bad[0])} out of range [0, {self.num_pages})")
         return arr
 
