@@ -138,7 +138,9 @@ class BatchPlan:
         page_indptr: ``[B + 1]`` int64, request i's pages are ``page_owners[page_indptr[i]:page_indptr[i+1]]``.
         extend_indptr: ``[B + 1]`` int64 cumulative extend lengths (``cum_E``), tokens.
         head_tokens: ``[B]`` int64 head tokens of each request (C-HEAD).
-        token_owner: ``[sum E]`` int64 computing rank of every extend token, flat order.
+        token_owner: ``[sum E]`` int64 computing rank of every extend token, flat order (built from
+            ``token_runs`` on first access, as ``gather_index``: a scheduler that only checks pages and
+            budgets never pays for the per-token arrays).
         per_request_rank_tokens: ``[B, C]`` int64 extend tokens per request and rank.
         per_rank_tokens: ``[C]`` int64 extend tokens per rank, summed over the batch.
         last_token_owner: ``[B]`` int64 rank of each request's last token (-1 when E == 0).
@@ -157,12 +159,10 @@ class BatchPlan:
     page_indptr: np.ndarray
     extend_indptr: np.ndarray
     head_tokens: np.ndarray
-    token_owner: np.ndarray
     per_request_rank_tokens: np.ndarray
     per_rank_tokens: np.ndarray
     last_token_owner: np.ndarray
     max_rank_tokens: int
-    gather_index: np.ndarray
     req_indices: np.ndarray
     token_runs: TokenRuns = field(repr=False)
 
@@ -179,7 +179,22 @@ class BatchPlan:
     @property
     def num_tokens(self) -> int:
         """Total extend tokens of the batch (sum E)."""
-        return int(self.token_owner.shape[0])
+        return int(self.extend_indptr[-1])
+
+    @cached_property
+    def token_owner(self) -> np.ndarray:
+        """``[sum E]`` int64 computing rank of every extend token, flat order (read-only; built on first access)."""
+        out = np.repeat(self.token_runs.owner, self.token_runs.length)
+        out.setflags(write=False)
+        return out
+
+    @cached_property
+    def gather_index(self) -> np.ndarray:
+        """``[sum E]`` int64; ``gathered[gather_index]`` is the flat order (C-GATHER; read-only, built on first
+        access)."""
+        out = _gather_index(self.token_runs, self.per_rank_tokens, self.max_rank_tokens)
+        out.setflags(write=False)
+        return out
 
     @cached_property
     def requests(self) -> tuple[RequestPlan, ...]:
@@ -476,12 +491,10 @@ def _plan_checked(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owner
     page_indptr = _indptr(m)
     page_owners = np.repeat(seg_owner.ravel(), seg_pages.ravel())
     runs = _token_runs(L0, E, h, head, m, seg_pages, seg_owner, P)
-    token_owner = np.repeat(runs.owner, runs.length)
     per_req = np.bincount(runs.req * C + runs.owner, weights=runs.length, minlength=B * C)
     per_req = per_req.astype(_I64).reshape(B, C)
     per_rank = per_req.sum(axis=0, dtype=_I64)
     max_rank = int(per_rank.max()) if C else 0
-    gather_index = _gather_index(runs, per_rank, max_rank)
 
     # Last token's owner: the last new page's owner, else the head owner (all tokens are head), else -1.
     last_page = page_owners[np.maximum(page_indptr[1:] - 1, 0)] if page_owners.size else np.zeros(B, _I64)
@@ -490,9 +503,8 @@ def _plan_checked(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owner
     head = np.where(h > 0, head, -1)  # a head owner is recorded only where head tokens exist (C-HEAD)
     arrays = dict(
         prefix_lens=L0, extend_lens=E, head_owners=head, request_phases=phase, page_owners=page_owners,
-        page_indptr=page_indptr, extend_indptr=_indptr(E), head_tokens=h, token_owner=token_owner,
-        per_request_rank_tokens=per_req, per_rank_tokens=per_rank, last_token_owner=last_owner,
-        gather_index=gather_index, req_indices=req_idx,
+        page_indptr=page_indptr, extend_indptr=_indptr(E), head_tokens=h, per_request_rank_tokens=per_req,
+        per_rank_tokens=per_rank, last_token_owner=last_owner, req_indices=req_idx,
     )  # fmt: skip
     for arr in arrays.values():
         arr.setflags(write=False)

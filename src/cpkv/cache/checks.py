@@ -55,7 +55,7 @@ def whole_pages(slots: np.ndarray, page_size: int, allocator: OwnerLaneAllocator
     k = slots.shape[0] // P
     d = np.subtract(slots, _ramp(P, k * P), out=scratch.get(k * P))  # [k * P] whole pages: p*P, P times
     first = d[::P].copy()  # [k] first slot of each page
-    if not np.array_equal(d, np.repeat(first, P)) or (first % P).any():
+    if not (d.reshape(k, P) == first[:, None]).all() or (first % P).any():
         full = slots.reshape(k, P)
         i = int(np.flatnonzero((full != (full[:, :1] // P * P) + np.arange(P)).any(axis=1))[0])
         raise PrefixCacheError(f"slots of page {i} (tokens {i * P}..{i * P + P - 1}) are not one whole page: "
@@ -72,13 +72,13 @@ def whole_pages(slots: np.ndarray, page_size: int, allocator: OwnerLaneAllocator
         if bad.size:
             p = int(bad[0])
             raise PrefixCacheError(f"page {p} does not exist: lane {p % C} holds {int(lane_pages[p % C])} pages")
-    bad = pages[allocator.is_free(pages)]
-    if bad.size:
-        raise PrefixCacheError(f"page {int(bad[0])} is free in the allocator: insert only pages you hold")
+    free = allocator.is_free(pages)
+    if free.any():
+        raise PrefixCacheError(f"page {int(pages[free][0])} is free in the allocator: insert only pages you hold")
     ordered = np.sort(pages)
-    twice = ordered[1:][ordered[1:] == ordered[:-1]]
-    if twice.size:
-        raise PrefixCacheError(f"page {int(twice[0])} is listed more than once")
+    twice = ordered[1:] == ordered[:-1]
+    if twice.any():
+        raise PrefixCacheError(f"page {int(ordered[1:][twice][0])} is listed more than once")
     return pages
 
 

@@ -197,7 +197,10 @@ class StepBuilder:
             if (short > 0).any():
                 for lane in np.flatnonzero(short > 0).tolist():
                     self.cache.evict(lane, int(short[lane]))
-                continue
+                # Eviction moves pages from evictable to free, so the room stays; a plan that follows positions
+                # only (rotation, legacy) stays too: the next round would allocate at once if no lane is short.
+                if self.alloc.config.owner_policy == "balanced" or (need > self.alloc.free_pages_per_lane()).any():
+                    continue
             return list(self.keys), (allocate or self.alloc.alloc_extend)(*args), logits
         return None
 

@@ -99,6 +99,7 @@ class PolicyRun:
         self.last_short_lane = -1
         self.livelock: dict | None = None
         self._tokens: dict[int, np.ndarray] = {}  # token ids of waiting requests already tried
+        self._kept = np.zeros(self.alloc.num_pages, dtype=bool)  # scratch of _retire, all False between calls
 
     # --------------------------------------------------------------------------------------------- run
     def run(self, on_progress: Callable[[int], None] | None = None) -> PolicyResult:
@@ -297,8 +298,13 @@ class PolicyRun:
         res = self.cache.insert(r.token_ids[:n], r.slots[:n])
         self.cache.unlock(r.handle)
         own = np.concatenate(r.own_pages) if r.own_pages else np.zeros(0, _I64)
-        kept = np.concatenate([res.pages, res.duplicate_pages])
-        self.alloc.free(np.setdiff1d(own, kept, assume_unique=True))
+        mark = self._kept  # own pages neither in the tree nor freed as duplicates, in their order
+        mark[res.pages] = True
+        mark[res.duplicate_pages] = True
+        rest = own[~mark[own]]
+        mark[res.pages] = False
+        mark[res.duplicate_pages] = False
+        self.alloc.free(rest)
 
     # ------------------------------------------------------------------------------------- rejection
     def _reject(self, r: _Running, reason: str) -> None:

@@ -88,17 +88,18 @@ def as_form(values, form):
 
 
 def assert_same_plan(got: BatchPlan, want: BatchPlan, read_only: bool = True) -> None:
-    for f in dataclasses.fields(BatchPlan):
-        a, b = getattr(got, f.name), getattr(want, f.name)
+    names = [f.name for f in dataclasses.fields(BatchPlan)] + ["token_owner", "gather_index"]  # + built on access
+    for name in names:
+        a, b = getattr(got, name), getattr(want, name)
         if isinstance(b, np.ndarray):
-            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f.name
-            assert not (read_only and a.flags.writeable), f.name
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name
+            assert not (read_only and a.flags.writeable), name
         elif dataclasses.is_dataclass(b) and not isinstance(b, CPConfig):  # TokenRuns
             for g in dataclasses.fields(b):
                 x, y = getattr(a, g.name), getattr(b, g.name)
-                assert x.dtype == y.dtype and np.array_equal(x, y), f"{f.name}.{g.name}"
+                assert x.dtype == y.dtype and np.array_equal(x, y), f"{name}.{g.name}"
         else:
-            assert a == b, f.name
+            assert a == b, name
 
 
 def run_both(alloc, L0s, Es, lasts, form, decode):
