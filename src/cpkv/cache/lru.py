@@ -5,11 +5,14 @@ recently used page of ``lane``: among the runs with a page on that lane, the old
 run on a tie (all pages of a run share one stamp, and a use stamps its whole path at once, so the runs
 of one stamp lie on one path and the deepest holds the oldest pages).
 
-One binary heap per lane of ``(stamp, -end, nid, run)``, filled lazily: runs whose stamp changed or that
-became evictable wait in a queue, and are pushed, once per stamp, on the heaps of the lanes they hold
-when eviction next asks. Entries are never removed in place: a popped entry whose run was stamped again,
-locked, evicted or removed since is skipped (lazy deletion), and a heap that grows past twice its live
-size plus 1024 entries is rebuilt, so the work stays O(log n) per push and pop, amortised.
+Binary heaps of ``(stamp, -end, nid, run)``, filled lazily: runs whose stamp changed or that became
+evictable wait in a queue, and are pushed, once per stamp, when eviction next asks: a run with pages on
+every lane (most runs of a long prompt) on one shared heap, any other run on the heaps of the lanes it
+holds. ``pop(lane)`` takes the smaller of the two heads, its lane's and the shared one. Entries are never
+removed in place: a popped entry whose run was stamped again, locked, evicted or removed since is skipped
+(lazy deletion); a run whose pages change (a split, a refill) is pushed again, and its entry on the shared
+heap dies once it no longer has every lane. A heap that grows past twice its live size plus 1024 entries
+is rebuilt, so the work stays O(log n) per push and pop, amortised.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ class LaneLRU:
 
     def __init__(self, cp_size: int) -> None:
         self.cp_size = cp_size
-        self._heaps: list[list] = [[] for _ in range(cp_size)]
-        self._limit = [1024] * cp_size  # rebuild a heap when it grows past this
+        self._heaps: list[list] = [[] for _ in range(cp_size + 1)]  # one per lane, then the shared one
+        self._limit = [1024] * (cp_size + 1)  # rebuild a heap when it grows past this
         self._queue: list = []  # runs to push at the next pop
 
     def counts(self, node) -> np.ndarray:
@@ -49,16 +52,24 @@ class LaneLRU:
         node.pushed = -1
         self._queue.append(node)
 
+    def forget(self, node) -> None:
+        """The run's pages changed (split, refill): its lane counts are recomputed and it is pushed again
+        (onto the lane heaps if it no longer has every lane)."""
+        node.memo = None
+        self.requeue(node)
+
     def pop(self, lane: int):
-        """The evictable run with ``lane``'s least recently used page, taken off that lane's heap (its
-        entries on other lanes' heaps die with it once it is evicted); None when there is none."""
+        """The evictable run with ``lane``'s least recently used page, taken off its heap (its other entries
+        die with it once it is evicted); None when there is none."""
         self._push_queued()
-        heap = self._heaps[lane]
-        while heap:
-            entry = heapq.heappop(heap)
-            if self._live(entry, lane):
-                return entry[3]
-        return None
+        heap, shared, pop, C = self._heaps[lane], self._heaps[-1], heapq.heappop, self.cp_size
+        while heap and not self._live(heap[0], lane):
+            pop(heap)
+        while shared and not self._live(shared[0], C):
+            pop(shared)
+        if heap and (not shared or heap[0][:3] <= shared[0][:3]):
+            return pop(heap)[3]
+        return pop(shared)[3] if shared else None
 
     # ---------------------------------------------------------------------------------------- private
     def _memo(self, node) -> tuple:
@@ -69,12 +80,14 @@ class LaneLRU:
     def _push_queued(self) -> None:
         if not self._queue:
             return
-        heaps, push, grown = self._heaps, heapq.heappush, set()
+        heaps, push, grown, C = self._heaps, heapq.heappush, set(), self.cp_size
         for n in self._queue:
             if n.dev and n.lock_ref == 0 and n.attached and n.pushed != n.stamp:
                 n.pushed = n.stamp
                 entry = (n.stamp, -n.end, n.nid, n)
                 lanes = (n.memo or self._memo(n))[1]
+                if len(lanes) == C:
+                    lanes = (C,)  # the shared heap
                 for r in lanes:
                     push(heaps[r], entry)
                 grown.update(lanes)
@@ -86,8 +99,11 @@ class LaneLRU:
                 heapq.heapify(heap)
                 self._limit[r] = 2 * len(heap) + 1024
 
-    def _live(self, entry: tuple, lane: int) -> bool:
-        """Whether a heap entry still names an evictable run with ``lane`` pages, at the run's stamp."""
+    def _live(self, entry: tuple, heap: int) -> bool:
+        """Whether an entry of heap ``heap`` (a lane, or C: the shared one) still names an evictable run at
+        the run's stamp with pages on that lane (on every lane)."""
         n = entry[3]
-        return (n.stamp == entry[0] == n.pushed and n.dev and n.lock_ref == 0 and n.attached
-                and (n.memo or self._memo(n))[0][lane] > 0)  # fmt: skip
+        if not (n.stamp == entry[0] == n.pushed and n.dev and n.lock_ref == 0 and n.attached):
+            return False
+        memo = n.memo or self._memo(n)
+        return len(memo[1]) == self.cp_size if heap == self.cp_size else memo[0][heap] > 0

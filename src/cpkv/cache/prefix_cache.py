@@ -403,7 +403,7 @@ class PrefixCache:
     def _on_split(self, upper: CacheNode, lower: CacheNode) -> None:
         """The tree split a run: the new upper part takes its state; host keys in it now point to it."""
         upper.dev, upper.gen, upper.in_batch = lower.dev, lower.gen, lower.in_batch
-        lower.memo = None
+        self.lru.forget(lower)
         if self._host_loc:
             keys = upper.vals[:, HKEY]
             for key in keys[keys >= 0].tolist():
@@ -461,7 +461,7 @@ class PrefixCache:
             keys[i] = -1
             self._n["host_dropped"] += 1
         n.vals[:, LANE] = lanes
-        n.memo = None
+        self.lru.forget(n)
         self._set_device(n, pages)
 
     def new_host_key(self) -> int:
