@@ -27,7 +27,7 @@ from .planner import (
     _plan_checked,
     expand_runs,
     offsets_within_key,
-    zigzag_lane_pages,
+    zigzag_rank_pages,
 )
 from .single_page import SinglePageTables, alloc_single_page
 
@@ -454,17 +454,21 @@ class OwnerLaneAllocator:
         phases = rotation.copy()
         if C == 1:
             return phases
+        rows = np.flatnonzero(m)
+        if not rows.shape[0]:
+            return phases
         free = self._top.copy()  # [C]
         r = np.arange(C, dtype=_I64)
         roll = (r[None, :] - r[:, None]) % C  # [f, r] zigzag rank whose pages land on lane r under phase f
-        tie_rank = (r[None, :] - rotation[:, None]) % C  # [B, f] criterion 3
-        for i in np.flatnonzero(m):
-            n = zigzag_lane_pages(int(m[i]), 0, C)[roll]  # [f, r] n_r(f)
+        lane_pages = zigzag_rank_pages(m[rows], C)[:, roll]  # [k, f, r] n_r(f) of each request with pages
+        cyclic = (r[None, :] + r[:, None]) % C  # [rotation, j] the phases from the rotation phase on (criterion 3)
+        for n, i in zip(lane_pages, rows.tolist(), strict=True):
             tight = (free - n).min(axis=1)  # [f] criterion 1
             spread = n @ free  # [f] criterion 2
-            best = np.flatnonzero(tight == tight.max())
-            best = best[spread[best] == spread[best].max()]
-            f = int(best[np.argmin(tie_rank[i, best])])
+            best = tight == tight.max()
+            best &= spread == spread[best].max()
+            order = cyclic[rotation[i]]
+            f = int(order[best[order].argmax()])  # the first best phase at or after the rotation phase
             phases[i] = f
             free -= n[f]
         return phases

@@ -524,11 +524,18 @@ def zigzag_lane_pages(num_pages: int, phase: int, cp_size: int) -> np.ndarray:
     ``m % 2C`` segments; lane ``(z + phase) % C``. Example m=16, C=4, phase 1 -> [4, 4, 4, 4];
     m=3, C=4, phase 1 -> [0, 1, 1, 1]. O(C), used by the ``balanced`` policy (C-BALANCED).
     """
+    return np.roll(zigzag_rank_pages(np.array([num_pages], dtype=_I64), cp_size)[0], phase)
+
+
+def zigzag_rank_pages(num_pages: np.ndarray, cp_size: int) -> np.ndarray:
+    """Pages of each zigzag rank for requests of ``num_pages`` new pages (int64 ``[k]``), int64 ``[k, C]``
+    (C-ZIGZAG): rank z holds segments z and 2C-1-z, so ``2 * (m // 2C) + [z < m % 2C] + [2C-1-z < m % 2C]``.
+    Under phase f rank z's pages are on lane ``(z + f) % C`` (``zigzag_lane_pages``). Example m=3, C=4:
+    [1, 1, 1, 0]."""
     C = cp_size
-    base, rem = divmod(num_pages, 2 * C)
+    base, rem = np.divmod(num_pages, 2 * C)
     z = np.arange(C, dtype=_I64)
-    per_z = 2 * base + (z < rem) + (2 * C - 1 - z < rem)
-    return np.roll(per_z, phase)
+    return 2 * base[:, None] + (z < rem[:, None]) + (2 * C - 1 - z < rem[:, None])
 
 
 def _zigzag_segments(L0, E, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
