@@ -204,10 +204,15 @@ class BatchPlan:
     def position_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Maximal runs of one request's absolute positions computed by one rank: ``(owner, a, b)``.
 
-        Each is int64 ``[R']``; the run covers positions ``[a, b)`` (prefix included in the numbering).
-        Built from ``token_runs`` (O(runs), not O(tokens)), merging neighbours of one request and owner.
+        Each is int64 ``[R']``, read-only; the run covers positions ``[a, b)`` (prefix included in the
+        numbering). Built from ``token_runs`` (O(runs), not O(tokens)) on the first call, merging neighbours of
+        one request and owner; later calls return the same arrays (the estimate and the cost model both read them).
         Example C=2, P=1, L0=0, E=5 (owners 0,0,1,1,0): owner [0, 1, 0], a [0, 2, 4], b [2, 4, 5].
         """
+        return self._position_runs
+
+    @cached_property
+    def _position_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         runs = self.token_runs
         flat_start = np.cumsum(runs.length) - runs.length
         a = self.prefix_lens[runs.req] + flat_start - self.extend_indptr[:-1][runs.req]
@@ -215,7 +220,10 @@ class BatchPlan:
         new[1:] = (runs.req[1:] != runs.req[:-1]) | (runs.owner[1:] != runs.owner[:-1])
         first = np.flatnonzero(new)
         last = np.append(first[1:], runs.length.shape[0])[: first.shape[0]] - 1
-        return runs.owner[first], a[first], (a + runs.length)[last]
+        out = runs.owner[first], a[first], (a + runs.length)[last]
+        for arr in out:
+            arr.setflags(write=False)
+        return out
 
     def _request(self, i: int) -> RequestPlan:
         head = int(self.head_owners[i])
