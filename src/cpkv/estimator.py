@@ -40,6 +40,8 @@ def mqa_logits_elements(plan: BatchPlan | RequestPlan) -> np.ndarray:
     approx = np.bincount(owner, weights=(b - a).astype(np.float64) * b, minlength=C)
     if approx.size and approx.max() >= 2.0**63:
         raise PlanError(f"MQA-logits estimate overflows int64: about {approx.max():.3e} elements on one rank")
-    out = np.zeros(C, dtype=np.int64)
-    np.add.at(out, owner, (b - a) * b)
-    return out
+    if approx.size and approx.max() >= 2.0**53:  # float sums may round: add exactly in int64
+        out = np.zeros(C, dtype=np.int64)
+        np.add.at(out, owner, (b - a) * b)
+        return out
+    return approx.astype(np.int64)  # integer terms and sums below 2**53: the float sums are exact
