@@ -396,7 +396,7 @@ class OwnerLaneAllocator:
             return hit.plan, last, key
         head = self._head_owners(L0, last)
         phases = self._balanced_phases(L0, E) if balanced else None
-        plan = _plan_checked(L0, E, self.config, head_owners=head, phases=phases)
+        plan = _plan_checked(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True)
         self._memo.put(key, plan, self._changes, free)
         return plan, last, key
 

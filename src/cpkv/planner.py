@@ -464,19 +464,20 @@ def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index:
     return _plan_checked(L0, E, config, head_owners=head_owners, phases=phases, first_index=first_index)
 
 
-def _plan_checked(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners, phases, first_index: int = 0) -> BatchPlan:
+def _plan_checked(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners, phases, first_index: int = 0,
+                  lanes_valid: bool = False) -> BatchPlan:  # fmt: skip
     """``_plan`` for lengths ``_lengths`` already returned (int64 ``[B]``, valid; not modified): the plan
-    size, head owners and phases are checked here, then the plan is built (the allocator's entry)."""
+    size, head owners and phases are checked here (``lanes_valid``: they are int64 ``[B]`` arrays in
+    ``[-1, C)`` and ``[0, C)`` already, as the allocator derives them), then the plan is built."""
     C, P = config.cp_size, config.page_size
     check_plan_size(L0, E, config)
     L0, E = L0.copy(), E.copy()  # the plan's own arrays, never the caller's (they are made read-only below)
     B = L0.shape[0]
-    head = _optional_lanes("head_owners", head_owners, B, C)
+    head = head_owners if lanes_valid else _optional_lanes("head_owners", head_owners, B, C)
     req_idx = np.arange(first_index, first_index + B, dtype=_I64)
 
-    # C-HEAD: h = min(E, P - L0 % P) head tokens fill the partly filled last prefix page.
-    rem = L0 % P
-    h = np.where(rem != 0, np.minimum(E, P - rem), 0)
+    # C-HEAD: h = min(E, P - L0 % P) head tokens fill the partly filled last prefix page (0 when L0 % P == 0).
+    h = np.minimum(E, -L0 % P)
     i = _first_bad((h > 0) & (head < 0))
     if i is not None:
         raise UnsupportedPagePlan(
@@ -485,7 +486,9 @@ def _plan_checked(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owner
         )
 
     # C-PHASE: explicit phases win; else rotation (balanced without phases uses rotation) or legacy 0.
-    if phases is not None:
+    if phases is not None and lanes_valid:
+        phase = phases
+    elif phases is not None:
         phase = _optional_lanes("phases", phases, B, C)
         i = _first_bad(phase < 0)
         if i is not None:
@@ -504,11 +507,10 @@ def _plan_checked(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owner
     per_rank = per_req.sum(axis=0, dtype=_I64)
     max_rank = int(per_rank.max()) if C else 0
 
+    head = np.where(h > 0, head, -1)  # a head owner is recorded only where head tokens exist (C-HEAD)
     # Last token's owner: the last new page's owner, else the head owner (all tokens are head), else -1.
     last_page = page_owners[np.maximum(page_indptr[1:] - 1, 0)] if page_owners.size else np.zeros(B, _I64)
-    last_owner = np.where(m > 0, last_page, np.where(h > 0, head, -1))
-
-    head = np.where(h > 0, head, -1)  # a head owner is recorded only where head tokens exist (C-HEAD)
+    last_owner = np.where(m > 0, last_page, head)
     arrays = dict(
         prefix_lens=L0, extend_lens=E, head_owners=head, request_phases=phase, page_owners=page_owners,
         page_indptr=page_indptr, extend_indptr=_indptr(E), head_tokens=h, per_request_rank_tokens=per_req,
@@ -558,11 +560,27 @@ def _zigzag_segments(L0, E, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarr
     """
     first_new = -(-L0 // P)  # ceil(L0 / P): the partly filled prefix page is not new
     m = -(-(L0 + E) // P) - first_new  # [B] new pages
-    s = np.arange(2 * C, dtype=_I64)  # [2C] segment ids
-    seg_pages = (m // (2 * C))[:, None] + (s < (m % (2 * C))[:, None])
-    owner = np.where(s < C, s, 2 * C - 1 - s) + phase[:, None]  # z + phase, in [0, 2C)
-    owner[owner >= C] -= C  # mod C (numpy's integer remainder is slow)
+    s, z = _segments(C)  # [2C] segment ids and their zigzag ranks
+    base, rem = np.divmod(m, 2 * C)
+    seg_pages = base[:, None] + (s < rem[:, None])
+    owner = z + phase[:, None]  # z + phase, in [0, 2C)
+    np.subtract(owner, C, out=owner, where=owner >= C)  # mod C (numpy's integer remainder is slow)
     return m, seg_pages, owner
+
+
+_SEGMENTS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _segments(C: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(s, z)``, int64 ``[2C]`` read-only: segment ids 0..2C-1 and each one's zigzag rank
+    (``s if s < C else 2C-1-s``), made once per cp_size."""
+    got = _SEGMENTS.get(C)
+    if got is None:
+        s = np.arange(2 * C, dtype=_I64)
+        got = _SEGMENTS[C] = (s, np.where(s < C, s, 2 * C - 1 - s))
+        for arr in got:
+            arr.setflags(write=False)
+    return got
 
 
 @dataclass(frozen=True)
@@ -624,18 +642,17 @@ def _token_runs(L0, E, h, head, m, seg_pages, seg_owner, P: int) -> TokenRuns:
     length[:, 0] = h
     np.multiply(seg_pages, P, out=length[:, 1:])
     last_seg = np.minimum(m, S)  # column of the last non-empty segment (0: none): segments fill in order
-    has = last_seg > 0
     short = -(L0 + E) % P  # [B] tokens the last page lacks: ceil((L0 + E) / P) * P - (L0 + E)
-    length[np.arange(B), last_seg] -= np.where(has, short, 0)  # rows without pages: 0 off their head run
+    short *= m > 0  # rows without pages: 0 off their head run
+    length[np.arange(B), last_seg] -= short
     owner = np.empty((B, S + 1), dtype=_I64)
     owner[:, 0] = head
     owner[:, 1:] = seg_owner
     pages = np.zeros((B, S + 1), dtype=_I64)
     pages[:, 1:] = seg_pages
-    keep = length.ravel() > 0
-    req = np.repeat(np.arange(B, dtype=_I64), S + 1)[keep]
-    owner, length, pages = owner.ravel()[keep], length.ravel()[keep], pages.ravel()[keep]
-    return TokenRuns(req=req, owner=owner, length=length, pages=pages)
+    keep = np.flatnonzero(length.ravel() > 0)  # flat (request, run) index of every non-empty run
+    return TokenRuns(req=keep // (S + 1), owner=owner.ravel().take(keep), length=length.ravel().take(keep),
+                     pages=pages.ravel().take(keep))  # fmt: skip
 
 
 def _gather_index(runs: TokenRuns, per_rank: np.ndarray, M: int) -> np.ndarray:
