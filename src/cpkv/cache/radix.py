@@ -126,9 +126,9 @@ class RadixTree:
                 break
             m = min(child.num_pages, num_pages - pos)
             if m > 1:  # the first page equals its key; compare the rest at once
-                a, b = child.tokens[P : m * P], tokens[(pos + 1) * P : (pos + m) * P]
-                if not np.array_equal(a, b):
-                    m = 1 + int(np.argmin(a == b)) // P
+                same = child.tokens[P : m * P] == tokens[(pos + 1) * P : (pos + m) * P]
+                if not same.all():
+                    m = 1 + int(same.argmin()) // P
             path.append((child, m))
             pos += m
             if m < child.num_pages:

@@ -93,18 +93,22 @@ class StepBuilder:
         self._E: list[int] = []
         self._last: list[int] = []
         self._room = np.zeros(config.cp_size, dtype=_I64)  # [C] free + evictable pages
+        self._room_min = 0
+        self._pages = 0
         self._seen: dict = {}  # verdicts for the current batch and room
 
     # ------------------------------------------------------------------------------------------ build
     def reset(self) -> None:
         """Start an empty batch with the whole token budget; read every lane's room."""
         self.keys, self._L0, self._E, self._last = [], [], [], []
+        self._pages = 0  # new pages of the batch so far
         self.tokens_left = self.config.max_batch_tokens
         self.refresh_room()
 
     def refresh_room(self) -> None:
         """Re-read free + evictable pages per lane (after a lock or an eviction outside the builder)."""
         self._room = self.alloc.free_pages_per_lane() + self.cache.evictable_pages_per_lane()
+        self._room_min = int(self._room.min())
         self._seen.clear()
 
     def add(self, key, prefix_len: int, remaining: int, last_loc: int) -> Fit:
@@ -251,9 +255,14 @@ class StepBuilder:
         """Verdict for the batch plus ``items`` at ``chunks``, memoised until the batch or room changes."""
         key = tuple((prefix_len, n, last_loc) for (_, prefix_len, _, last_loc), n in zip(items, chunks, strict=True))
         if key not in self._seen:
-            L0, E, last = (list(x) for x in zip(*key, strict=True))
-            args = (self._L0 + L0, self._E + E, self._last + last)
-            self._seen[key] = self._verdict(self.alloc.plan_extend(*args))
+            P = self.config.page_size
+            pages = self._pages + sum(pages_to_finish(L0 + n, L0, P) for L0, n, _ in key)
+            if self.limit is None and pages <= self._room_min:  # every lane could take every new page: no plan needed
+                self._seen[key] = None
+            else:
+                L0, E, last = (list(x) for x in zip(*key, strict=True))
+                args = (self._L0 + L0, self._E + E, self._last + last)
+                self._seen[key] = self._verdict(self.alloc.plan_extend(*args))
         return self._seen[key]
 
     def _check(self, prefix_len: int, n: int, last_loc: int) -> tuple[str, int] | None:
@@ -273,6 +282,7 @@ class StepBuilder:
         self._L0.append(prefix_len)
         self._E.append(n)
         self._last.append(last_loc)
+        self._pages += pages_to_finish(prefix_len + n, prefix_len, self.config.page_size)
         self.tokens_left -= n
         self._seen.clear()
 
