@@ -458,15 +458,13 @@ class OwnerLaneAllocator:
         if not rows.shape[0]:
             return phases
         free = self._top.copy()  # [C]
-        r = np.arange(C, dtype=_I64)
-        roll = (r[None, :] - r[:, None]) % C  # [f, r] zigzag rank whose pages land on lane r under phase f
+        roll, cyclic = _phase_tables(C)
         lane_pages = zigzag_rank_pages(m[rows], C)[:, roll]  # [k, f, r] n_r(f) of each request with pages
-        cyclic = (r[None, :] + r[:, None]) % C  # [rotation, j] the phases from the rotation phase on (criterion 3)
         for n, i in zip(lane_pages, rows.tolist(), strict=True):
-            tight = (free - n).min(axis=1)  # [f] criterion 1
+            tight = np.minimum.reduce(free - n, axis=1)  # [f] criterion 1 (ufunc reduce: no method wrapper)
             spread = n @ free  # [f] criterion 2
-            best = tight == tight.max()
-            best &= spread == spread[best].max()
+            best = tight == np.maximum.reduce(tight)
+            best &= spread == np.maximum.reduce(spread[best])
             order = cyclic[rotation[i]]
             f = int(order[best[order].argmax()])  # the first best phase at or after the rotation phase
             phases[i] = f
@@ -504,6 +502,22 @@ class OwnerLaneAllocator:
         self._top -= counts
         self._free[pages] = False
         self._changes += 1
+
+
+_PHASE_TABLES: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _phase_tables(C: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(roll, cyclic)``, int64 ``[C, C]`` read-only, made once per cp_size: ``roll[f, r] = (r - f) % C``
+    is the zigzag rank whose pages land on lane r under phase f; ``cyclic[q] = (q, q+1, ..) % C`` lists
+    the phases from rotation phase q on (C-BALANCED criterion 3)."""
+    got = _PHASE_TABLES.get(C)
+    if got is None:
+        r = np.arange(C, dtype=_I64)
+        got = _PHASE_TABLES[C] = ((r[None, :] - r[:, None]) % C, (r[None, :] + r[:, None]) % C)
+        for arr in got:
+            arr.setflags(write=False)
+    return got
 
 
 def _extend_slots(plan: BatchPlan, last: np.ndarray, new_pages: np.ndarray) -> np.ndarray:

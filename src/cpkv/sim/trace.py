@@ -209,9 +209,8 @@ def _describe(value: object) -> str:
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
-_S27, _S30, _S31, _ONE = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(1)
-_D, _LOW31 = np.uint64(VOCAB_SIZE - 1), np.uint64(2**31 - 1)
-_OFFSETS = {}  # block_size -> uint64 [block_size]: j + golden, the second state's offsets within a block
+_S27, _S30, _S31, _S34, _ONE = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(34), np.uint64(1)
+_MULTIPLIERS = {}  # block_size -> uint64 [block_size]: splitmix64(j) | 1, the odd multiplier of position j
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -221,45 +220,28 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
     """
     with np.errstate(over="ignore"):
         z = np.asarray(x, dtype=np.uint64) + _GOLDEN
-    _mix(z, np.empty_like(z))
-    return z
-
-
-def _mix(z: np.ndarray, t: np.ndarray) -> None:
-    """SplitMix64's output function of the states ``z`` (golden step already added), in place; ``t`` is a
-    work array of the same shape (uint64 both)."""
-    with np.errstate(over="ignore"):
+        t = np.empty_like(z)
         for shift, mul in ((_S30, _MIX1), (_S27, _MIX2)):
             np.right_shift(z, shift, out=t)
             z ^= t
             z *= mul
         np.right_shift(z, _S31, out=t)
         z ^= t
-
-
-def _mod_vocab(z: np.ndarray, t: np.ndarray) -> None:
-    """``z %= VOCAB_SIZE - 1`` in place for uint64 ``z`` (``t``: a work array like it), without a division.
-
-    With ``d = 2**31 - 2``, ``2**31 = 2 (mod d)``, so ``x = hi * 2**31 + lo`` folds to ``2 * hi + lo``:
-    below ``2**35`` after one fold, below ``d + 34`` after two, then one conditional subtraction. Equal to
-    numpy's ``%`` for every uint64 (tests check the edges), about twice as fast on this machine."""
-    for _ in range(2):
-        np.right_shift(z, _S31, out=t)
-        z &= _LOW31
-        t <<= _ONE
-        z += t
-    np.subtract(z, _D, out=z, where=z >= _D)
+    return z
 
 
 def prompt_token_ids(request: Request, block_size: int = TRACE_BLOCK_TOKENS) -> np.ndarray:
     """Token ids of a request's prompt, derived from its block ids; int64 ``[input_length]``.
 
-    Token ``j`` (0-based) of block ``b`` is ``1 + splitmix64((splitmix64(b) + j) mod 2**64) % (VOCAB_SIZE
-    - 1)``: a function of ``(b, j)`` only, in ``[1, VOCAB_SIZE - 1]``. Equal block ids give equal tokens
-    wherever they appear, so equal ``hash_ids`` prefixes give equal token prefixes; different ids give
-    different blocks with overwhelming probability. The last, partial block is a prefix of its full
-    block. Example: ``hash_ids=(7, 9), input_length=600`` gives the 512 tokens of block 7, then the first
-    88 tokens of block 9.
+    Token ``j`` (0-based) of block ``b`` is ``1 + ((splitmix64(b) * (splitmix64(j) | 1)) mod 2**64 >> 34)``:
+    a function of ``(b, j)`` only, in ``[1, 2**30]`` (inside ``[1, VOCAB_SIZE - 1]``). Equal block ids
+    give equal tokens wherever they appear, so equal ``hash_ids`` prefixes give equal token prefixes.
+    Different ids give different tokens at a position with probability about ``1 - 2**-30`` each (the top
+    30 bits of a 64-bit product by a position's own odd multiplier), so two distinct blocks agree on a
+    whole page of P tokens with probability about ``2**(-30 P)``. The last, partial block is a prefix of
+    its full block. Three passes over the tokens (multiply, shift, add), written in the result's memory.
+    Example: ``hash_ids=(7, 9), input_length=600`` gives the 512 tokens of block 7, then the first 88
+    tokens of block 9.
 
     Raises:
         TraceError: ``len(hash_ids) != ceil(input_length / block_size)`` or a negative block id.
@@ -275,19 +257,16 @@ def prompt_token_ids(request: Request, block_size: int = TRACE_BLOCK_TOKENS) -> 
     blocks = np.asarray(request.hash_ids, dtype=np.int64)  # [num_blocks]
     if blocks.size and blocks.min() < 0:
         raise TraceError(f"request {request.req_id}: hash_ids holds a negative block id {int(blocks.min())}")
-    offsets = _OFFSETS.get(block_size)
-    if offsets is None:
-        with np.errstate(over="ignore"):
-            offsets = _OFFSETS[block_size] = np.arange(block_size, dtype=np.uint64) + _GOLDEN
-    # In place in the result's memory (a uint64 view) with one work array: no other token-sized temporary.
+    multipliers = _MULTIPLIERS.get(block_size)
+    if multipliers is None:
+        multipliers = _MULTIPLIERS[block_size] = splitmix64(np.arange(block_size, dtype=np.uint64)) | _ONE
     n, full = request.input_length, request.input_length // block_size
     out = np.empty(n, dtype=np.int64)
-    z, t = out.view(np.uint64), np.empty(n, dtype=np.uint64)
+    z = out.view(np.uint64)
     keys = splitmix64(blocks.astype(np.uint64))  # [num_blocks]
-    with np.errstate(over="ignore"):  # state of token j of block b: splitmix64(b) + j, plus the golden step
-        np.add(keys[:full, None], offsets, out=z[: full * block_size].reshape(full, block_size))
-        np.add(keys[full:], offsets[: n - full * block_size], out=z[full * block_size :])  # the partial block
-    _mix(z, t)
-    _mod_vocab(z, t)
+    with np.errstate(over="ignore"):  # products wrap mod 2**64
+        np.multiply(keys[:full, None], multipliers, out=z[: full * block_size].reshape(full, block_size))
+        np.multiply(keys[full:], multipliers[: n - full * block_size], out=z[full * block_size :])
+    np.right_shift(z, _S34, out=z)
     z += _ONE
-    return out  # every value is below 2**31: its int64 reading is the same number
+    return out  # every value is at most 2**30: its int64 reading is the same number
