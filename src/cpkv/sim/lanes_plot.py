@@ -151,7 +151,7 @@ def _draw_curve(ax, r, Q) -> None:
         ax.plot(ta, ha, color="0.6", lw=0.8, zorder=2, label=f"the same over all steps (mean < {share} Q: not counted)")
     if t.shape[0] < ratio.shape[0]:
         ax.fill_between(t, lo, hi, color="tab:blue", alpha=0.3, lw=0, zorder=2,
-                        label=f"min-max of each of {t.shape[0]} time bins")  # fmt: skip
+                        label=f"min-max of the steps in each time bin (at most {MAX_POINTS:,} bins)")  # fmt: skip
         label = f"max_r used / mean_r used, max of each time bin (steps with mean ≥ {share} Q)"
     else:
         label = f"max_r used / mean_r used per step (steps with mean ≥ {share} Q)"

@@ -132,3 +132,16 @@ def test_figure_curve_is_max_over_mean_of_counted_steps():
 
 def test_png_bytes():
     assert lanes_png(_figure_results(), CONFIG)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_binned_panels_of_different_lengths_share_one_band_legend_entry():
+    # Long runs are binned, and two policies' runs have different step counts (so different bin counts):
+    # the legend names the band once, not once per panel.
+    rng = np.random.default_rng(3)
+    results = [_result(p, rng.integers(400, 815, size=(n, 4))) for p, n in (("rotation", 4000), ("balanced", 3100))]
+    fig = lanes_figure(results, CONFIG)
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert [label for label in labels if label.startswith("min-max")] == [
+        "min-max of the steps in each time bin (at most 1,500 bins)"
+    ]
