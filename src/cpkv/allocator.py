@@ -180,7 +180,8 @@ class OwnerLaneAllocator:
             PlanError: bad lengths or mismatched arrays, or a plan above ``cpkv.limits.MAX_ARRAY_BYTES``
                 (checked before any array is built). AllocatorError: a ``last_loc`` inconsistent with
                 its ``prefix_len`` (``(last_loc + 1) % P != prefix_len % P``), out of range, or on a free
-                page. LaneExhausted: a lane is short. In every case nothing is allocated.
+                page; two requests extending the same partly filled page. LaneExhausted: a lane is
+                short. In every case nothing is allocated.
         """
         fast = alloc_single_page(self, prefix_lens, extend_lens, last_locs)
         return fast if fast is not None else self._alloc_planned(prefix_lens, extend_lens, last_locs)
@@ -395,6 +396,7 @@ class OwnerLaneAllocator:
                 self._head_owners(L0, last)  # raises as planning would
             return hit.plan, last, key
         head = self._head_owners(L0, last)
+        _check_shared_heads(L0, E, last, self.config.page_size)
         phases = self._balanced_phases(L0, E) if balanced else None
         plan = _plan_checked(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True)
         self._memo.put(key, plan, self._changes, free)
@@ -502,6 +504,27 @@ class OwnerLaneAllocator:
         self._top -= counts
         self._free[pages] = False
         self._changes += 1
+
+
+def _check_shared_heads(L0: np.ndarray, E: np.ndarray, last: np.ndarray, P: int) -> None:
+    """AllocatorError when two requests of a batch would write head tokens into the same page (C-HEAD):
+    both ``last_loc`` on one partly filled page (``prefix_len % P != 0``) and both extending, so their
+    tokens would take the same slots. A page holds one sequence's next tokens; a scheduler that shares a
+    partly filled prefix page copies it first (requests that share whole pages are fine).
+    Example P=4: ``alloc_extend([6, 6], [1, 1], [9, 9])`` would give both requests slot 10."""
+    rows = np.flatnonzero((L0 % P != 0) & (E > 0))
+    if rows.shape[0] < 2:
+        return
+    page = last[rows] // P
+    order = np.argsort(page, kind="stable")
+    same = np.flatnonzero(page[order][1:] == page[order][:-1])
+    if same.size:
+        i, j = sorted((int(rows[order[same[0]]]), int(rows[order[same[0] + 1]])))
+        raise AllocatorError(
+            f"requests {i} and {j}: last_loc={int(last[i])} and last_loc={int(last[j])} lie on page "
+            f"{int(last[i]) // P}, partly filled, and both extend it: their head tokens would take the same "
+            f"slots (copy a shared partly filled page before extending it)"
+        )
 
 
 _PHASE_TABLES: dict[int, tuple[np.ndarray, np.ndarray]] = {}

@@ -161,8 +161,7 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
     try:
         result = run_simulation(config, spec, check_policies(list(policies)), out_dir=out_dir, progress=not no_progress)
     except SimulationInterrupted as e:
-        click.echo(f"cpkv: {interrupted_line(e, out_dir)}", err=True)
-        raise click.exceptions.Abort() from None
+        raise click.exceptions.Abort(interrupted_line(e, out_dir)) from None  # main prints it on one line
     click.echo(f"wrote {', '.join(str(p) for p in result.paths)}")
 
 
@@ -273,7 +272,7 @@ def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: bad input prints one line to stderr and exits 2; Ctrl-C (at any moment, torch's
-    import included) prints ``cpkv: aborted`` and exits 130.
+    import included) prints ``cpkv: aborted`` (``simulate`` adds what it saved on the same line) and exits 130.
 
     The context is made and invoked here rather than through click's ``main``, whose Ctrl-C handling
     prints an empty line before any message of ours.
@@ -292,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     except MemoryError as e:
         print(f"cpkv: error: the input is too large to plan in this machine's memory ({e})", file=sys.stderr)
         return 2
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        print("cpkv: aborted", file=sys.stderr)
+    except (click.exceptions.Abort, KeyboardInterrupt) as e:
+        said = str(e) if isinstance(e, click.exceptions.Abort) else ""  # what a command saved, if it says
+        print(f"cpkv: aborted: {said}" if said else "cpkv: aborted", file=sys.stderr)
         return 130
     return rv if isinstance(rv, int) else 0
 

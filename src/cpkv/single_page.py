@@ -140,7 +140,7 @@ def _decode_rows(alloc: OwnerLaneAllocator, L0: np.ndarray, last: np.ndarray) ->
     off = last % t.P
     ok = (off == lm1 % t.P) & (t.usable.take(page, mode="clip") > alloc._free.take(page, mode="clip"))
     ok &= lm1.view(_U64) < t.max_prefix
-    if np.count_nonzero(ok) != L0.shape[0]:
+    if np.count_nonzero(ok) != L0.shape[0] or _shared_head_page(page[off != t.P_minus_1]):
         return None
     return (off == t.P_minus_1).nonzero()[0], last + t.one  # a page ends at last_loc: position L0 starts one
 
@@ -165,9 +165,17 @@ def _extend_rows(alloc, L0, E, last) -> tuple[np.ndarray, np.ndarray] | None:
     if np.count_nonzero(ok) != L0.shape[0] or np.logical_xor(L0, nxt).any():
         return None
     m = (end + (P - 1)) // P - (L0 + (P - 1)) // P  # [B] new pages
-    if m.max() > 1:
+    if m.max() > 1 or _shared_head_page(page[(nxt % t.P != t.zero) & (E > t.zero)]):
         return None
     return m.nonzero()[0], nxt
+
+
+def _shared_head_page(pages: np.ndarray) -> bool:
+    """Whether two requests would write head tokens into one page (the general path raises)."""
+    if pages.shape[0] < 2:
+        return False
+    pages = np.sort(pages)
+    return bool((pages[1:] == pages[:-1]).any())
 
 
 def _too_big(alloc: OwnerLaneAllocator, B: int, max_extend: int) -> bool:

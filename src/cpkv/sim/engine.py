@@ -224,7 +224,12 @@ class PolicyRun:
         return _Running(req, tokens, slots, match.device_len, match.handle)
 
     def _kv_tokens(self, req: Request) -> int:
-        return req.input_length + (req.output_length if self.cfg.colocated_decode else 0)
+        """KV slots ``req`` holds at its peak, the figure admission and reservations use: its prompt; with
+        colocated decode its output too; with MTP also the K - 1 slots a draft step takes past its last
+        token (C-DRAFT: K slots per step, the rejected tail released after verification)."""
+        if not self.cfg.colocated_decode or req.output_length == 0:
+            return req.input_length
+        return req.input_length + req.output_length + (self.cfg.spec_draft_tokens - 1 if self.spec else 0)
 
     def _pages_left(self, r: _Running) -> int:
         return pages_to_finish(self._kv_tokens(r.req), r.done + r.decoded, self.cfg.page_size)

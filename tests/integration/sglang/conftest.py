@@ -11,7 +11,7 @@ error, so the SGLang tests can never all skip unnoticed in CI.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import os
 import sys
 from pathlib import Path
@@ -20,7 +20,11 @@ from cpkv.integrations.cpu_stubs import install_torchvision_stub
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared workload helpers of this folder
 
-if importlib.util.find_spec("sglang") is not None:
+try:  # the installed distribution: this folder, on sys.path for pytest, is named sglang too
+    importlib.metadata.version("sglang")
+except importlib.metadata.PackageNotFoundError:
+    pass
+else:
     install_torchvision_stub()
 
 if os.environ.get("CPKV_REQUIRE_SGLANG") == "1":

@@ -3,7 +3,7 @@
 Figures are not checked here: speed is tracked by the full runs in benchmarks/README.md.
 """
 
-import importlib.util
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -51,7 +51,13 @@ def test_quick_run_prints_table_and_json(script, extra, column, tmp_path):
 def test_vs_sglang_exits_0_with_a_message_where_sglang_is_missing():
     # bench_vs_sglang.py needs SGLang (its own environment, see benchmarks/README.md); in the test
     # environment, which has none, it must say so and exit 0, so CI can call it unconditionally.
-    if importlib.util.find_spec("sglang") is not None:
+    # The installed distribution, not find_spec: pytest puts tests/integration on sys.path for its own
+    # tests, where the folder tests/integration/sglang would pass for the package.
+    try:
+        importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    else:
         pytest.skip("sglang is installed here: the quick run is CI's (.ci/run) job")
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_vs_sglang.py"), "--quick"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -166,9 +166,8 @@ def test_interrupt_after_the_first_policy_keeps_it(tmp_path, hook_runs, capsys):
     assert main(["simulate", *SMALL, "--policy", "all", "--out", str(out_dir)]) == 130
     out = capsys.readouterr()
     assert out.err.splitlines() == [
-        f"cpkv: interrupted after rotation (legacy, balanced not run); wrote the finished policies to {out_dir} "
-        "(report.json status: interrupted)",
-        "cpkv: aborted",
+        f"cpkv: aborted: interrupted after rotation (legacy, balanced not run); wrote the finished policies to "
+        f"{out_dir} (report.json status: interrupted)",
     ]
     assert _table_rows(out.out)["requests_finished"] == ["12"]  # the finished policy's table
     report = json.loads((out_dir / "report.json").read_text())
@@ -186,7 +185,7 @@ def test_interrupt_before_any_policy_finished_writes_nothing(tmp_path, hook_runs
     hook_runs(before=ctrl_c)
     assert main(["simulate", *SMALL, "--out", str(tmp_path / "o")]) == 130
     assert capsys.readouterr().err.splitlines() == [
-        "cpkv: interrupted before any policy finished; nothing was written", "cpkv: aborted"]  # fmt: skip
+        "cpkv: aborted: interrupted before any policy finished; nothing was written"]  # fmt: skip
     assert list((tmp_path / "o").iterdir()) == []
 
 
@@ -213,10 +212,9 @@ def test_real_sigint_after_the_first_policy(tmp_path):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 130, err
-    assert err.splitlines()[-2:] == [
-        f"cpkv: interrupted after rotation (legacy not run); wrote the finished policies to {out_dir} "
+    assert err.splitlines()[-1:] == [
+        f"cpkv: aborted: interrupted after rotation (legacy not run); wrote the finished policies to {out_dir} "
         "(report.json status: interrupted)",
-        "cpkv: aborted",
     ]
     report = json.loads((out_dir / "report.json").read_text())
     assert (report["status"], list(report["policies"])) == ("interrupted", ["rotation"])

@@ -107,3 +107,24 @@ def test_cli_flags_reach_the_report(tmp_path):
         assert set(SPEC_DECODE_FIELDS) <= report["policies"][policy].keys()
     rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
     assert rows[1]["draft_lane_imbalance"] == "4.0"  # legacy: every draft page on lane 0 of 4
+
+
+@pytest.mark.clause("C-DRAFT")
+def test_draft_slots_count_in_admission_no_livelock():
+    # Fresh-eyes review: with K draft slots per step, a request needs K - 1 slots past its last token at
+    # its peak. Admission priced only prompt + output, so K larger than the pool livelocked (0 finished,
+    # 0 rejected) and K fitting the pool alone but not with the others deadlocked the decoding requests.
+    small = {"cp_size": 4, "page_size": 16, "pages_per_lane": 64, "chunk_size": 512, "max_batch_tokens": 1024}
+    spec = build_workload("synthetic", num_requests=8, seed=1)
+    usable = 4 * 64 - 1  # page 0 is reserved
+    too_big = 16 * usable + 1  # one draft step alone needs more pages than the pool has
+    m = PolicyRun(SimConfig(**small, spec_draft_tokens=too_big), "balanced", spec.requests).run().metrics
+    assert (m["requests_finished"], m["requests_rejected"], m["livelock_detected"]) == (0, 8, False)
+    assert m["rejection_reasons"] == {"pool": 8}
+    fits_alone = 16 * (usable // 2)  # about half the pool per draft step: requests must take turns
+    run = PolicyRun(SimConfig(**small, spec_draft_tokens=fits_alone), "balanced", spec.requests)
+    m = run.run().metrics
+    need = [-(-(r.input_length + r.output_length + fits_alone - 1) // 16) for r in spec.requests]
+    finished = sum(n <= usable for n in need)
+    assert (m["requests_finished"], m["requests_rejected"], m["livelock_detected"]) == (finished, 8 - finished, False)
+    assert m["leaked_pages"] == 0
