@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .allocation import ExtendAllocation
-from .config import CPConfig, per_lane_ints
+from .config import CPConfig, check_int, per_lane_ints
 from .errors import AllocatorError, ConfigError, LaneExhausted, PlanError
 from .kernels import fill_out_cache_loc, use_kernels
 from .layout import check_pool_kind
@@ -258,14 +258,13 @@ class OwnerLaneAllocator:
             ``ExtendAllocation`` with ``out_cache_loc`` ``[B * k]`` int64.
 
         Raises:
-            AllocatorError: ``num_draft_tokens`` not an int >= 1. Otherwise as ``alloc_extend``; in every case
+            AllocatorError: ``num_draft_tokens`` not an int in ``[1, 2**63 - 1]``. Otherwise as ``alloc_extend``
+                (a PlanError for ``seq_len + k`` above ``MAX_POSITION``); in every case
                 nothing is allocated.
         """
-        k = num_draft_tokens
-        if isinstance(k, bool) or not hasattr(k, "__index__") or int(k) < 1:
-            raise AllocatorError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
+        k = check_int("num_draft_tokens", num_draft_tokens, 1, error=AllocatorError)
         L0 = _as_int_array("seq_lens", seq_lens, None)
-        return self.alloc_extend(L0, np.full_like(L0, int(num_draft_tokens)), last_locs)
+        return self.alloc_extend(L0, np.full_like(L0, k), last_locs)
 
     def release_tail(self, page_ids, new_len: int) -> np.ndarray:
         """Roll one request back to ``new_len`` tokens: free its pages that hold no kept position (C-DRAFT).

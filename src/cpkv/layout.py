@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import check_int
+from .config import check_cp_size, check_int, check_lane
 from .errors import ConfigError, LayoutError, PoolKindError
 
 POOL_KINDS = ("sharded", "replicated")
@@ -63,7 +63,7 @@ class SharedKVLayout:
     kind: str = "sharded"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "cp_size", check_int("cp_size", self.cp_size, 1))
+        object.__setattr__(self, "cp_size", check_cp_size(self.cp_size))
         object.__setattr__(self, "page_size", check_int("page_size", self.page_size, 1))
         object.__setattr__(self, "pages_per_lane", check_int("pages_per_lane", self.pages_per_lane, 1))
         check_pool_kind(self.kind)
@@ -119,13 +119,11 @@ class SharedKVLayout:
     def owned_mask(self, slots, rank: int):
         """Bool mask, same shape: ``slot >= 0 and lane(slot) == rank`` (C-LAYOUT); numpy in, numpy out.
 
-        Raises: LayoutError for ``rank`` outside ``[0, C)`` or bad slots (as ``lane_of``); PoolKindError on a
+        Raises: LayoutError for ``rank`` not an integer (a bool included) or outside ``[0, C)``, or bad slots (as ``lane_of``); PoolKindError on a
         replicated pool, where no owner filter applies (C-POOL).
         """
         self._require_owners("owned_mask")
-        if isinstance(rank, bool) or not hasattr(rank, "__index__") or not 0 <= int(rank) < self.cp_size:
-            raise LayoutError(f"rank={rank!r} out of range [0, {self.cp_size})")
-        rank = int(rank)
+        rank = check_lane("rank", rank, self.cp_size, LayoutError)
         slots = self._check(slots)
         wide = slots.to(_torch_int64()) if _is_torch(slots) else slots.astype(np.int64, copy=False)
         return (wide >= 0) & ((wide // self.page_size) % self.cp_size == rank)  # int64: no dtype overflow

@@ -6,6 +6,10 @@ KV buffer shape of ``cpkv run-dist``) first computes the bytes it would need, fr
 and raises a typed error naming them when they exceed ``MAX_ARRAY_BYTES``. So ``cpkv plan --extend-len
 100000000000`` fails at once instead of building a 12.5 GB array before the next one (745 GiB) fails,
 or, on a smaller machine, being killed.
+
+``MAX_CP_SIZE`` bounds the ranks of one CP group (``cp_size``), checked where every group is configured
+(``cpkv.config.check_cp_size``: ``CPConfig``, ``SharedKVLayout``, ``HostTier``, ``SimConfig``): per-rank
+tables grow with it, so ``cpkv plan --cp-size 10000000`` would take seconds and gigabytes for ten tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +20,12 @@ MAX_ARRAY_BYTES = 4 * 2**30
 """Most bytes (4 GiB) one plan with its allocation, one allocator's page tables, one simulated request
 or one KV buffer may need. A plan and its ``out_cache_loc`` keep 24 B per token, so this allows about
 170M tokens in one batch (a 1M-token prompt needs 24 MiB)."""
+
+
+MAX_CP_SIZE = 4096
+"""Most ranks (``cp_size``) of one CP group: far above real groups (8 to 64 ranks), low enough that a plan's
+per-rank tables stay small (at 4096, a one-request plan keeps about 650 KiB and prints in well under a
+second)."""
 
 
 def check_bytes(what: str, nbytes: int, error: type[CpkvError] = PlanError, hint: str = "") -> None:

@@ -35,7 +35,8 @@ def owner_lane_phase(prefix_len: int, page_size: int, req_index: int, cp_size: i
         The lane (int in ``[0, cp_size)``) that owns zigzag segment 0 of the request's new pages.
 
     Raises:
-        PlanError: a negative length or index; ConfigError: ``page_size < 1`` or ``cp_size < 1``.
+        PlanError: a negative length or index, or one above ``MAX_POSITION``; ConfigError: ``page_size < 1``,
+            ``cp_size < 1`` or above ``cpkv.limits.MAX_CP_SIZE``.
     """
     page_size = check_int("page_size", page_size, 1)
     cp_size = check_int("cp_size", cp_size, 1)
@@ -45,11 +46,12 @@ def owner_lane_phase(prefix_len: int, page_size: int, req_index: int, cp_size: i
 
 
 def _check_len(name: str, value: object) -> int:
+    """``value`` as an int in ``[0, MAX_POSITION]`` (a length or a batch index), else PlanError naming it."""
     _check_scalar(name, value)
     value = int(value)  # type: ignore[call-overload]
     if value < 0:
         raise PlanError(f"{name}={value} must be >= 0")
-    return value
+    return check_int(name, value, 0, MAX_POSITION, PlanError)
 
 
 def _check_scalar(name: str, value: object, *, optional: bool = False) -> None:
@@ -260,7 +262,8 @@ def plan_request(
         prefix_len: tokens already in the KV cache (L0 >= 0).
         extend_len: new tokens (E >= 0).
         config: the CP group's ``CPConfig`` (cp_size, page_size, owner_policy).
-        req_index: position of the request in its batch; enters the rotation phase.
+        req_index: position of the request in its batch, ``0 <= req_index <= MAX_POSITION``; enters the
+            rotation phase.
         head_owner: lane of the page holding ``last_loc`` (needed when ``L0 % P != 0`` and ``E > 0``).
         phase: explicit phase in ``[0, C)`` (used by the ``balanced`` allocator); overrides the policy.
 
@@ -269,7 +272,8 @@ def plan_request(
 
     Raises:
         PlanError: a non-integer argument (a bool, a float; the message names ``prefix_len``, ``extend_len``,
-            ``head_owner`` or ``phase``), negative lengths or index, phase or head owner out of range
+            ``head_owner`` or ``phase``), negative lengths or index, ``req_index`` above ``MAX_POSITION``,
+            phase or head owner out of range
             (message names the value).
         UnsupportedPagePlan: head tokens to compute but no head owner.
     """
@@ -391,7 +395,8 @@ def _optional_lanes(name: str, values: object, n: int, cp_size: int) -> np.ndarr
     bad = np.flatnonzero((arr < -1) | (arr >= cp_size))
     if bad.size:
         i = int(bad[0])
-        raise PlanError(f"request {i}: {name[:-1]}={int(arr[i])} out of range [0, {cp_size})")
+        lanes = f"[0, {cp_size}), or -1 (or None) for no head owner" if name == "head_owners" else f"[0, {cp_size})"
+        raise PlanError(f"request {i}: {name[:-1]}={int(arr[i])} out of range {lanes}")
     return arr
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..allocator import OwnerLaneAllocator
+from ..config import check_lane as config_check_lane
 from ..errors import PlanError, PrefixCacheError
 from ..planner import _as_int_array
 
@@ -24,9 +25,7 @@ def int_array(name: str, values) -> np.ndarray:
 
 def check_lane(lane, cp_size: int) -> int:
     """``lane`` as an int in ``[0, cp_size)``, or PrefixCacheError."""
-    if isinstance(lane, bool) or not hasattr(lane, "__index__") or not 0 <= int(lane) < cp_size:
-        raise PrefixCacheError(f"lane={lane!r} out of range [0, {cp_size})")
-    return int(lane)
+    return config_check_lane("lane", lane, cp_size, PrefixCacheError)
 
 
 class Scratch:

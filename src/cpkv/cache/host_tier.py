@@ -17,7 +17,7 @@ from collections.abc import Hashable, Iterator, Sequence
 
 import numpy as np
 
-from ..config import check_int, per_lane_ints
+from ..config import check_cp_size, check_lane, per_lane_ints
 from ..errors import PrefixCacheError
 
 
@@ -34,7 +34,7 @@ class HostTier:
     """
 
     def __init__(self, cp_size: int, pages_per_lane: int | Sequence[int]) -> None:
-        C = check_int("cp_size", cp_size, 1)
+        C = check_cp_size(cp_size)
         caps = per_lane_ints("host_pages_per_lane", pages_per_lane, C, 0)
         self.cp_size = C
         self.capacity = np.asarray(caps, dtype=np.int64)  # [C] host pages per lane
@@ -96,9 +96,7 @@ class HostTier:
 
     # ---------------------------------------------------------------------------------------- private
     def _lane(self, lane: int) -> int:
-        if isinstance(lane, bool) or not hasattr(lane, "__index__") or not 0 <= int(lane) < self.cp_size:
-            raise PrefixCacheError(f"lane={lane!r} out of range [0, {self.cp_size})")
-        return int(lane)
+        return check_lane("lane", lane, self.cp_size, PrefixCacheError)
 
     def _held(self, key: Hashable, lane: int) -> Hashable:
         if key not in self._lanes[lane]:

@@ -51,7 +51,8 @@ class TinyDecoderConfig:
         mlp_size: SwiGLU inner width (default 128).
         rope_theta: rotary base (default 10000).
         rms_eps: RMSNorm epsilon (default 1e-6).
-        seed: weight seed; the same seed gives bit-identical weights in every process (default 0).
+        seed: weight seed, an int in ``[0, 2**64 - 1 - INDEXER_SEED_OFFSET]`` (torch seeds are uint64); the
+            same seed gives bit-identical weights in every process (default 0).
         attention: ``"dense"`` (default) or ``"nsa"`` (indexer + top-k + sparse MLA; needs ``kv_mode="mla"``).
         index_heads: indexer query heads H (default 64, DeepSeek-V3.2).
         index_head_dim: width of ``q_I`` heads and of ``k_I`` (default 128); the index-K pool row width.
@@ -86,7 +87,7 @@ class TinyDecoderConfig:
                      "head_dim", "mlp_size", "index_heads", "index_head_dim", "index_rope_dim",
                      "index_topk"):  # fmt: skip
             check_int(name, getattr(self, name), 1)
-        check_int("seed", self.seed, 0)
+        check_int("seed", self.seed, 0, 2**64 - 1 - INDEXER_SEED_OFFSET)  # torch seeds are uint64
         if self.kv_mode not in KV_MODES:
             raise ConfigError(f"kv_mode={self.kv_mode!r} is not a KV mode; use one of {', '.join(KV_MODES)}")
         if self.attention not in ATTENTIONS:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..config import OWNER_POLICIES, check_int, per_lane_ints
+from ..config import INT64_MAX, OWNER_POLICIES, check_cp_size, check_int, per_lane_ints
 from ..errors import ConfigError
 from .workload import WorkloadSpec
 
@@ -34,7 +34,7 @@ class SimConfig:
     """Configuration of one simulated CP prefill group (issue 8).
 
     Attributes:
-        cp_size: ranks (C). page_size: tokens per page (P).
+        cp_size: ranks (C), at most ``cpkv.limits.MAX_CP_SIZE``. page_size: tokens per page (P).
         pages_per_lane: device pages per lane (Q), page 0 reserved: one int for every lane, or a tuple of
             C ints when ranks have unequal free memory (e.g. ``(9, 10, 10, 10)``; a list is turned into a
             tuple). Each >= 2.
@@ -56,7 +56,9 @@ class SimConfig:
         cost: the ``CostModel``.
 
     Raises:
-        ConfigError: a size below its minimum.
+        ConfigError: a size below its minimum; ``page_size``, ``host_pages_per_lane``, ``spec_draft_tokens``
+            or ``pages_per_lane`` above the int64 range (the budgets and the seed size no array and are not
+            bounded); ``cp_size`` above ``cpkv.limits.MAX_CP_SIZE``.
     """
 
     cp_size: int = 8
@@ -75,12 +77,13 @@ class SimConfig:
     cost: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
-        for name, minimum in (
-            ("cp_size", 1), ("page_size", 1), ("host_pages_per_lane", 0),
-            ("chunk_size", 1), ("max_batch_tokens", 1), ("max_running", 1), ("livelock_steps", 1), ("seed", 0),
-            ("spec_draft_tokens", 0),
+        object.__setattr__(self, "cp_size", check_cp_size(self.cp_size))
+        for name, minimum, maximum in (  # sizes of arrays stay in int64; budgets, counts and the seed size none
+            ("page_size", 1, INT64_MAX), ("host_pages_per_lane", 0, INT64_MAX), ("spec_draft_tokens", 0, INT64_MAX),
+            ("chunk_size", 1, None), ("max_batch_tokens", 1, None), ("max_running", 1, None),
+            ("livelock_steps", 1, None), ("seed", 0, None),
         ):  # fmt: skip
-            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum))
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum, maximum))
         caps = per_lane_ints("pages_per_lane", self.pages_per_lane, self.cp_size, 2)
         uniform = hasattr(self.pages_per_lane, "__index__") and not isinstance(self.pages_per_lane, bool)
         object.__setattr__(self, "pages_per_lane", caps[0] if uniform else tuple(caps))
@@ -117,7 +120,7 @@ class SimConfig:
         """
         given = {k: v for k, v in settings.items() if v is not None}
         P = check_int("page_size", given.get("page_size", cls.page_size), 1)
-        C = check_int("cp_size", given.get("cp_size", cls.cp_size), 1)
+        C = check_cp_size(given.get("cp_size", cls.cp_size))
         if "chunk_size" not in given and spec.chunk_pages:
             given["chunk_size"] = spec.chunk_pages * P
         given.setdefault("max_batch_tokens", max(2 * given.get("chunk_size", cls.chunk_size), cls.max_batch_tokens))

@@ -52,7 +52,7 @@ def tiny_chunks_workload(
             max_prompt_tokens``.
     """
     num_requests = check_int("num_requests", num_requests, 1)
-    seed = check_int("seed", seed, 0)
+    seed = check_int("seed", seed, 0, None)
     min_prompt_tokens = check_int("min_prompt_tokens", min_prompt_tokens, 1)
     max_prompt_tokens = check_int("max_prompt_tokens", max_prompt_tokens, min_prompt_tokens)
     max_output_tokens = check_int("max_output_tokens", max_output_tokens, 1)
@@ -104,7 +104,7 @@ def tiny_chunks_reload_workload(
             time that is not a finite number >= 0.
     """
     num_conversations = check_int("num_conversations", num_conversations, 1)
-    seed = check_int("seed", seed, 0)
+    seed = check_int("seed", seed, 0, None)
     turns = check_int("turns", turns, 1)
     min_prompt_blocks = check_int("min_prompt_blocks", min_prompt_blocks, 1)
     max_prompt_blocks = check_int("max_prompt_blocks", max_prompt_blocks, min_prompt_blocks)
@@ -158,7 +158,7 @@ def short_prompts_workload(
         ConfigError: a count or size that is not an int in range, or a gap that is not a finite number > 0.
     """
     num_requests = check_int("num_requests", num_requests, 1)
-    seed = check_int("seed", seed, 0)
+    seed = check_int("seed", seed, 0, None)
     page_size = check_int("page_size", page_size, 1)
     max_output_tokens = check_int("max_output_tokens", max_output_tokens, 1)
     if isinstance(gap_ms, bool) or not isinstance(gap_ms, (int, float)) or not 0 < gap_ms < float("inf"):

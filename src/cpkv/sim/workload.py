@@ -27,6 +27,7 @@ import numpy as np
 
 from ..config import check_int
 from ..errors import ConfigError
+from ..limits import check_bytes
 from .scenarios import (
     TINY_CHUNKS_CHUNK_PAGES,
     short_prompts_workload,
@@ -37,6 +38,11 @@ from .trace import TRACE_BLOCK_TOKENS, Request, load_trace
 
 WORKLOAD_NAMES = ("synthetic", "tiny-chunks", "tiny-chunks-reload", "short-prompts", "trace")
 """Names accepted by ``build_workload``."""
+
+REQUEST_BYTES = 200
+"""Fewest bytes one generated request keeps (its ``Request`` record; measured with tracemalloc at 3000
+requests: short-prompts about 210, synthetic about 1260), so ``build_workload`` refuses a count whose
+requests could not fit ``cpkv.limits.MAX_ARRAY_BYTES`` before generating any."""
 # ---------------------------------------------------------------------------------------- generators
 
 _PROMPT_SIGMA = 1.0  # log-normal shape of prompt lengths
@@ -82,7 +88,7 @@ def synthetic_workload(
             max_prompt_tokens``.
     """
     num_requests = check_int("num_requests", num_requests, 1)
-    seed = check_int("seed", seed, 0)
+    seed = check_int("seed", seed, 0, None)
     min_prompt_tokens = check_int("min_prompt_tokens", min_prompt_tokens, 1)
     max_prompt_tokens = check_int("max_prompt_tokens", max_prompt_tokens, min_prompt_tokens)
     num_shared_prefixes = check_int("num_shared_prefixes", num_shared_prefixes, 1)
@@ -221,8 +227,9 @@ def build_workload(
     ============================  ===========  ==================================  ==================
 
     Raises:
-        ConfigError: unknown name, ``trace_path`` missing for ``"trace"`` or given for a generator, or a
-            bad count, seed or page size.
+        ConfigError: unknown name, ``trace_path`` missing for ``"trace"`` or given for a generator, a
+            bad count, seed or page size, or a count whose requests would need more than
+            ``cpkv.limits.MAX_ARRAY_BYTES`` (``REQUEST_BYTES`` each).
         TraceError: the trace cannot be read or is malformed (see ``load_trace``).
     """
     if name not in WORKLOAD_NAMES:
@@ -233,6 +240,10 @@ def build_workload(
             f"trace_path={trace_path!r}"
         )
     count = {} if num_requests is None else {"num_requests": num_requests}
+    if num_requests is not None and name != "trace":  # a trace's lines are checked as they are read
+        check_int("num_requests", num_requests, 1)
+        check_bytes(f"a {name} workload of {num_requests:,} requests", REQUEST_BYTES * num_requests, ConfigError,
+                    "lower num_requests (cpkv simulate --max-requests)")  # fmt: skip
     if name == "trace":
         requests = load_trace(trace_path, max_requests=num_requests)  # type: ignore[arg-type]
         return WorkloadSpec(name=name, requests=tuple(requests), chunk_pages=None,

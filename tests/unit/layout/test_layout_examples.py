@@ -57,6 +57,8 @@ def test_sequences_must_hold_integers():
     for bad in ([64.9], ["65"]):
         with pytest.raises(LayoutError, match="integer dtype"):
             layout.read_slots(bad)
-    for rank in (-1, 4, True):
-        with pytest.raises(LayoutError, match="out of range"):
+    for rank in (-1, 4):
+        with pytest.raises(LayoutError, match=f"rank={rank} out of range"):
             layout.owned_mask([0], rank)
+    with pytest.raises(LayoutError, match="rank must be an integer, got True"):  # a bool, not a lane
+        layout.owned_mask([0], True)

@@ -50,7 +50,7 @@ def peak_bytes(fn, error):
         lambda: plan_batch([0], [BIG], CPConfig(4, 64)),
         lambda: plan_request(0, BIG, CPConfig(4, 1)),
         lambda: plan_batch([0] * 3, [BIG // 3] * 3, CPConfig(8, 64)),
-        lambda: plan_batch([0], [1], CPConfig(2**30, 64)),  # cp_size sizes the segment tables
+        lambda: plan_batch([0] * 7000, [1] * 7000, CPConfig(4096, 64)),  # cp_size sizes the segment tables
     ],
 )
 def test_huge_plans_fail_before_allocating(call):
