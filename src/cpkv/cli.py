@@ -18,6 +18,20 @@ class InputError(CpkvError, ValueError):
     """Bad command-line input (a file, a flag combination); exits 2 with a one-line message."""
 
 
+class FilePath(click.Path):
+    """``click.Path`` giving a ``Path`` that refuses the empty string, which ``Path("")`` would turn into
+    ``.``, the current directory (``--out ""`` would write the report there): a usage error naming the flag."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path)
+
+    def convert(self, value, param, ctx):
+        """The path as a ``Path``; ``""`` fails (exit 2, "Invalid value for '--out': the path is empty")."""
+        if value == "":
+            self.fail("the path is empty; give a file or directory name", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class _LazyGroup(click.Group):
     """A command group whose heavy commands load on first use: ``run-dist`` pulls in torch and the
     executor, so ``cpkv plan`` and ``cpkv simulate`` start without them. ``lazy`` maps a command name to
@@ -45,12 +59,13 @@ def app() -> None:
 @click.option("--prefix-len", type=int, multiple=True, help="Tokens already cached; repeat once per request.")
 @click.option("--extend-len", type=int, multiple=True, help="New tokens; repeat once per request.")
 @click.option("--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P).")
-@click.option("--cp-size", type=int, default=SimConfig.cp_size, show_default=True, help="Ranks in the CP group (C).")
+@click.option("--cp-size", type=int, default=SimConfig.cp_size, show_default=True,
+              help="Ranks in the CP group (C), at most 4096 (cpkv.limits.MAX_CP_SIZE).")  # fmt: skip
 @click.option("--req-index", type=int, default=None, help="Batch position of a single request (phase input).")
 @click.option("--head-owner", type=int, multiple=True, help="Lane of each request's last_loc page (-1: none).")
 @click.option("--policy", type=click.Choice(["rotation", "legacy", "balanced"]), default=None,
               help="Owner policy (default: $CPKV_OWNER_POLICY, else balanced).")  # fmt: skip
-@click.option("--batch", type=click.Path(path_type=Path), default=None,
+@click.option("--batch", type=FilePath(), default=None,
               help="JSON list of {prefix_len, extend_len[, head_owner]} instead of the flags.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, policy, batch, as_json) -> None:
@@ -98,10 +113,11 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
 
 
 @app.command()
-@click.option("--trace", type=click.Path(path_type=Path), default=None, help="Mooncake-format JSONL trace.")
+@click.option("--trace", type=FilePath(), default=None, help="Mooncake-format JSONL trace.")
 @click.option("--workload", type=click.Choice(["synthetic", "tiny-chunks", "tiny-chunks-reload", "short-prompts"]),
               default=None, help="Built-in workload when no --trace is given (default: synthetic).")  # fmt: skip
-@click.option("--cp-size", type=int, default=SimConfig.cp_size, show_default=True, help="Ranks in the CP group (C).")
+@click.option("--cp-size", type=int, default=SimConfig.cp_size, show_default=True,
+              help="Ranks in the CP group (C), at most 4096 (cpkv.limits.MAX_CP_SIZE).")  # fmt: skip
 @click.option("--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P).")
 @click.option("--pages-per-lane", type=str, default=None,
               help=f"Device pages per lane: N, or one per lane as 9,10,10,10 (ranks with unequal free memory) "
@@ -125,7 +141,7 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
               type=click.Choice(["rotation", "legacy", "balanced", "all"]), help="Owner policy; repeatable.")
 @click.option("--max-requests", type=int, default=None, help="Replay only the first N requests.")
 @click.option("--seed", type=int, default=SimConfig.seed, show_default=True, help="Seed of the built-in workloads.")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("out/simulate"),
+@click.option("--out", "out_dir", type=FilePath(), default=Path("out/simulate"),
               show_default=True, help="Directory for report.json, summary.csv, lanes.png.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per_lane, chunk_size,
@@ -138,6 +154,7 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
     Ctrl-C writes the finished policies ("status": "interrupted") and exits 130; a file that still cannot
     be written at the end is named on one line after the table (exit 2).
     """
+    from .config import check_int
     from .sim.config import check_policies
     from .sim.runner import SimulationInterrupted
     from .sim.runner import simulate as run_simulation
@@ -146,6 +163,8 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
     if trace is not None and workload is not None:
         raise InputError(f"give --trace or --workload, not both (got --workload {workload})")
     name = "trace" if trace is not None else workload or "synthetic"
+    if max_requests is not None:
+        check_int("--max-requests", max_requests, 1)  # named as given (the workloads call it num_requests)
     check_out_dir(out_dir)
     lanes = parse_pages_per_lane(pages_per_lane)
     spec = build_workload(name, num_requests=max_requests, seed=seed, trace_path=trace, page_size=page_size)

@@ -179,7 +179,7 @@ def test_cli_simulate_unequal_lanes(tmp_path):
         (["--chunk-size", "0"], "chunk_size must be >= 1, got 0"),
         (["--max-batch-tokens", "0"], "max_batch_tokens must be >= 1, got 0"),
         (["--logits-budget-mb", "inf"], "logits_budget_mb must be a finite number"),
-        (["--max-requests", "0"], "num_requests must be >= 1, got 0"),
+        (["--max-requests", "0"], "--max-requests must be >= 1, got 0"),
     ],
 )
 def test_cli_simulate_rejects_zero_and_infinite_settings(argv, message, tmp_path, capsys):
