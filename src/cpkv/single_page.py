@@ -38,6 +38,8 @@ _I64, _U64 = np.int64, np.uint64
 _SMALL = 32  # up to this many new pages are placed in Python (cheaper than the vectorised _pick)
 _EMPTY = np.zeros(0, dtype=_I64)
 _EMPTY.setflags(write=False)
+_ROWS = np.arange(1 << 12, dtype=_I64)  # row indices of _pages_repeat
+_ROWS.setflags(write=False)
 
 
 class SinglePageTables:
@@ -49,6 +51,7 @@ class SinglePageTables:
             has the same extra entry.
         P, P_minus_1, one, zero: 0-d int64 arrays. slot_limit: 0-d uint64 ``num_pages * P`` (slots).
         max_prefix: 0-d uint64 ``MAX_POSITION - 1`` (the largest prefix_len that still takes one token).
+        stamp: int64 ``[num_pages + 1]`` scratch of ``_pages_repeat`` (contents meaningless between calls).
     """
 
     def __init__(self, page_size: int, cp_size: int, lane_pages: np.ndarray) -> None:
@@ -59,6 +62,7 @@ class SinglePageTables:
         self.one, self.zero = np.array(1, dtype=_I64), np.array(0, dtype=_I64)
         self.slot_limit = np.array(num_pages * page_size, dtype=_U64)
         self.max_prefix = np.array(MAX_POSITION - 1, dtype=_U64)
+        self.stamp = np.zeros(num_pages + 1, dtype=_I64)
 
 
 def alloc_single_page(alloc: OwnerLaneAllocator, prefix_lens, extend_lens, last_locs) -> ExtendAllocation | None:
@@ -140,7 +144,9 @@ def _decode_rows(alloc: OwnerLaneAllocator, L0: np.ndarray, last: np.ndarray) ->
     off = last % t.P
     ok = (off == lm1 % t.P) & (t.usable.take(page, mode="clip") > alloc._free.take(page, mode="clip"))
     ok &= lm1.view(_U64) < t.max_prefix
-    if np.count_nonzero(ok) != L0.shape[0] or _shared_head_page(page[off != t.P_minus_1]):
+    if np.count_nonzero(ok) != L0.shape[0]:
+        return None
+    if _pages_repeat(t, page) and _shared_head_page(page[off != t.P_minus_1]):
         return None
     return (off == t.P_minus_1).nonzero()[0], last + t.one  # a page ends at last_loc: position L0 starts one
 
@@ -165,18 +171,28 @@ def _extend_rows(alloc, L0, E, last) -> tuple[np.ndarray, np.ndarray] | None:
     if np.count_nonzero(ok) != L0.shape[0] or np.logical_xor(L0, nxt).any():
         return None
     m = (end + (P - 1)) // P - (L0 + (P - 1)) // P  # [B] new pages
-    if m.max() > 1 or _shared_head_page(page[(nxt % t.P != t.zero) & (E > t.zero)]):
+    if m.max() > 1:
+        return None
+    if _pages_repeat(t, page) and _shared_head_page(page[(nxt % t.P != t.zero) & (E > t.zero)]):
         return None
     return m.nonzero()[0], nxt
 
 
+def _pages_repeat(t: SinglePageTables, page: np.ndarray) -> bool:
+    """Whether any page id occurs twice in ``page`` (int64 ``[B]``, ids in ``[-1, num_pages)``; -1 wraps to
+    the spare last entry). Each row stamps its index at its page and reads it back: a repeated page keeps
+    one row's index, so another row reads a different one. Three passes over B, no sort."""
+    B = page.shape[0]
+    rows = _ROWS[:B] if B <= _ROWS.shape[0] else np.arange(B, dtype=_I64)
+    t.stamp[page] = rows
+    return bool(np.count_nonzero(t.stamp[page] != rows))
+
+
 def _shared_head_page(pages: np.ndarray) -> bool:
-    """Whether two requests would write head tokens into one page (the general path raises). A set of the
-    few ids: cheaper than a sort and a compare at decode batch sizes."""
-    if pages.shape[0] < 2:
-        return False
-    ids = pages.tolist()
-    return len(set(ids)) != len(ids)
+    """Whether two requests would write head tokens into one page (the general path raises); run only
+    when some page repeats (requests sharing whole prefix pages are fine)."""
+    pages = np.sort(pages)
+    return bool((pages[1:] == pages[:-1]).any())
 
 
 def _too_big(alloc: OwnerLaneAllocator, B: int, max_extend: int) -> bool:
