@@ -32,6 +32,23 @@ class FilePath(click.Path):
         return super().convert(value, param, ctx)
 
 
+def parse_pages_per_lane(ctx, param, value: str | None) -> int | tuple[int, ...] | None:
+    """Click callback of ``--pages-per-lane`` (``simulate`` and ``run-dist``): ``"16384"`` -> 16384 (every
+    lane), ``"9,10,10,10"`` -> (9, 10, 10, 10) (one per lane), None stays None; the count and range are the
+    config's to check.
+
+    Raises:
+        click.BadParameter: a part that is not an integer (exit 2, one line).
+    """
+    if value is None:
+        return None
+    try:
+        parts = [int(v) for v in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an int or a comma-separated list of ints") from None
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
 class _LazyGroup(click.Group):
     """A command group whose heavy commands load on first use: ``run-dist`` pulls in torch and the
     executor, so ``cpkv plan`` and ``cpkv simulate`` start without them. ``lazy`` maps a command name to
@@ -119,7 +136,7 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
 @click.option("--cp-size", type=int, default=SimConfig.cp_size, show_default=True,
               help="Ranks in the CP group (C), at most 4096 (cpkv.limits.MAX_CP_SIZE).")  # fmt: skip
 @click.option("--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P).")
-@click.option("--pages-per-lane", type=str, default=None,
+@click.option("--pages-per-lane", type=str, default=None, callback=parse_pages_per_lane,
               help=f"Device pages per lane: N, or one per lane as 9,10,10,10 (ranks with unequal free memory) "
                    f"[{SimConfig.pages_per_lane}; the lane-skew workloads size their own pool, docs/metrics.md].")  # fmt: skip
 @click.option("--host-pages-per-lane", type=int, default=None,
@@ -166,10 +183,9 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
     if max_requests is not None:
         check_int("--max-requests", max_requests, 1)  # named as given (the workloads call it num_requests)
     check_out_dir(out_dir)
-    lanes = parse_pages_per_lane(pages_per_lane)
     spec = build_workload(name, num_requests=max_requests, seed=seed, trace_path=trace, page_size=page_size)
     config = SimConfig.for_workload(
-        spec, cp_size=cp_size, page_size=page_size, pages_per_lane=lanes,
+        spec, cp_size=cp_size, page_size=page_size, pages_per_lane=pages_per_lane,
         host_pages_per_lane=host_pages_per_lane, chunk_size=chunk_size, max_batch_tokens=max_batch_tokens,
         logits_budget_mb=logits_budget_mb, colocated_decode=colocated_decode, seed=seed,
         spec_draft_tokens=spec_draft_tokens, spec_accept_rate=spec_accept_rate,
@@ -243,22 +259,6 @@ def ignored_head_owners(requests: list[dict], heads: list[int | None], page_size
                else f"extend_len={r['extend_len']} computes no token")  # fmt: skip
         lines.append(f"request {i}: {flag} {head} is ignored: {why} (no head tokens)")
     return lines
-
-
-def parse_pages_per_lane(text: str | None) -> int | tuple[int, ...] | None:
-    """``--pages-per-lane``: ``"16384"`` -> 16384, ``"9,10,10,10"`` -> (9, 10, 10, 10), None -> None.
-
-    Raises:
-        InputError: a part that is not an integer (the count and range are SimConfig's to check).
-    """
-    if text is None:
-        return None
-    parts = [p.strip() for p in text.split(",")]
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        raise InputError(f"--pages-per-lane {text!r}: give an integer or comma-separated integers, one per lane") from None
-    return values[0] if len(values) == 1 and "," not in text else tuple(values)
 
 
 def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import click
 
+from ..cli import parse_pages_per_lane
 from ..config import OWNER_POLICIES, CPConfig, check_int, per_lane_ints
 from ..errors import ConfigError, LaneExhausted
 from .case import DistCase
@@ -31,21 +32,6 @@ DEFAULT_PREFIX_LENS = (0, 100)
 DEFAULT_EXTEND_LENS = (300, 50)
 DEFAULT_PAGE_SIZE = 64
 """Tokens per page, as ``cpkv plan`` and ``cpkv simulate`` use."""
-
-
-def parse_pages_per_lane(ctx, param, value: str | None) -> int | tuple[int, ...] | None:
-    """``--pages-per-lane``: ``"10"`` (every lane) or ``"9,10,10,10"`` (one per lane); None stays None.
-
-    Raises:
-        click.BadParameter: a part that is not an integer (exit 2, one line).
-    """
-    if value is None:
-        return None
-    try:
-        parts = [int(v) for v in value.split(",")]
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an int or a comma-separated list of ints") from None
-    return parts[0] if len(parts) == 1 else tuple(parts)
 
 
 def run_dist_options(f):

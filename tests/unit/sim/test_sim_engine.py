@@ -173,7 +173,7 @@ def test_cli_simulate_unequal_lanes(tmp_path):
     ("argv", "message"),
     [
         (["--pages-per-lane", "0"], "pages_per_lane must be >= 2, got 0"),
-        (["--pages-per-lane", "9,10,x"], "--pages-per-lane '9,10,x': give an integer or comma-separated integers"),
+        (["--pages-per-lane", "9,10,x"], "'9,10,x' is not an int or a comma-separated list of ints"),
         (["--pages-per-lane", "9,10,10"], "pages_per_lane has 3 entries, cp_size=8 needs 8"),
         (["--pages-per-lane", "9,1,10,10,10,10,10,10"], "pages_per_lane[1] must be >= 2, got 1"),
         (["--chunk-size", "0"], "chunk_size must be >= 1, got 0"),
