@@ -299,7 +299,7 @@ class OwnerLaneAllocator:
             )
         self._check_held(pages, "release_tail: the request's pages include")
         tail = pages[-(-new_len // P) :].copy()
-        self.free(tail)
+        self._release(tail)  # checked above with the rest of the request's pages
         return tail
 
     def free(self, pages) -> None:
@@ -316,6 +316,13 @@ class OwnerLaneAllocator:
         if pages.size == 0:
             return
         self._check_held(pages)
+        self._release(pages)
+
+    # ---------------------------------------------------------------------------------------- private
+    def _release(self, pages: np.ndarray) -> None:
+        """Push checked, held ``pages`` (int64 ``[n]``, n >= 0) back onto their lanes' stacks (``free``)."""
+        if pages.size == 0:
+            return
         C = self.config.cp_size
         if C == 1:
             top = int(self._top[0])
@@ -333,7 +340,6 @@ class OwnerLaneAllocator:
         self._free[pages] = True
         self._changes += 1
 
-    # ---------------------------------------------------------------------------------------- private
     def _held(self, pages: np.ndarray) -> np.ndarray:
         """Bool ``[n]``: page is handed out (exists on its lane and is not free); page 0 never is."""
         if self._equal_lanes:  # every id below num_pages exists (the callers checked the range)
