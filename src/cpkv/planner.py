@@ -51,7 +51,9 @@ def _check_len(name: str, value: object) -> int:
     value = int(value)  # type: ignore[call-overload]
     if value < 0:
         raise PlanError(f"{name}={value} must be >= 0")
-    return check_int(name, value, 0, MAX_POSITION, PlanError)
+    if value > MAX_POSITION:
+        raise PlanError(f"{name} must be <= {MAX_POSITION}, got {value}")
+    return value
 
 
 def _check_scalar(name: str, value: object, *, optional: bool = False) -> None:
