@@ -105,6 +105,11 @@ class StepBuilder:
         self.tokens_left = self.config.max_batch_tokens
         self.refresh_room()
 
+    @property
+    def room(self) -> np.ndarray:
+        """Free + evictable pages per lane, int64 ``[C]``, as of the last ``reset`` / ``refresh_room`` (read-only)."""
+        return self._room
+
     def refresh_room(self) -> None:
         """Re-read free + evictable pages per lane (after a lock or an eviction outside the builder)."""
         self._room = self.alloc.free_pages_per_lane() + self.cache.evictable_pages_per_lane()
