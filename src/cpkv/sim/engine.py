@@ -130,7 +130,9 @@ class PolicyRun:
         running = list(self.running)
         for r, fit in zip(running, b.add_many([(r, r.done, r.remaining, r.last_loc) for r in running]), strict=True):
             self._note(fit)
-            if not fit.tokens and fit.cut == "logits_budget" and not b.budget_fits_alone(r.done, r.last_loc):
+            # Whatever cut it first (a lane may refuse the long chunk, the budget every short one): a request
+            # whose one-token chunk is over the logits budget on its own can never run.
+            if not fit.tokens and not b.budget_fits_alone(r.done, r.last_loc):
                 self._reject(r, self._budget_reason(r.done))
         self._admit()
         batch = b.commit()

@@ -89,6 +89,12 @@ FOUND = [
     ("rotation", dict(cp_size=4, page_size=1, pages_per_lane=(2, 3, 10, 3), chunk_size=3, max_batch_tokens=10,
                       max_running=1, colocated_decode=True),
      [(0.0, 4, 0, (10,)), (0.0, 4, 3, (1001,))]),
+    # rotation, logits budget of 128 elements: at position 128 the 65-token chunk needs lane 0 (its only page
+    # is the request's) and every shorter chunk is over the budget; the lane was reported, so neither
+    # rejection fired (found by the random search in CI after the scheduler landed)
+    ("rotation", dict(cp_size=3, page_size=64, pages_per_lane=2, chunk_size=65, max_batch_tokens=65,
+                      max_running=1, logits_budget_mb=128 * 4 / 2**20),
+     [(0.0, 193, 0, (100,))]),
 ]  # fmt: skip
 
 
