@@ -13,9 +13,10 @@ import numpy as np
 
 from ..errors import ConfigError, KernelVersionError
 
-KERNEL_ABI = 1
+KERNEL_ABI = 2
 """cpkv's kernel ABI number: bumped whenever a kernel's arguments or results change. A caller written
-against ABI n passes ``minimum=n`` to ``require_kernel_version``."""
+against ABI n passes ``minimum=n`` to ``require_kernel_version``. 2: ``fill_out_cache_loc_kernel`` takes
+``num_blocks`` and a row per program in its run table (``slots.fill_table``)."""
 
 TRITON_MINIMUM = (3, 2, 0)
 """Oldest Triton release cpkv's kernels are written for. The kernel tests pass in the interpreter of 3.2.0

@@ -29,7 +29,8 @@ def fill_out_cache_loc(
     The same integers as ``OwnerLaneAllocator.alloc_extend`` (SPEC section 7): per request, head tokens
     take ``last_loc + 1, ...``, then each new page p gives ``p*P + 0 .. P-1``, the last page only as far
     as ``prefix_len + extend_len``. The kernel reads the plan's run-length form (``plan.token_runs``, at
-    most ``B * (2C + 1)`` runs) and the pages: one host-to-device copy of ``2R + 1 + sum m`` int64.
+    most ``B * (2C + 1)`` runs) and the pages: one host-to-device copy of ``2R + 1 + 4 nb + sum m`` int64
+    (nb programs of 1,024 tokens).
     Example P=4, one request L0=10, E=8, last_loc 9, pages [5, 2]: [10, 11, 20, 21, 22, 23, 8, 9].
 
     Args:
@@ -69,19 +70,29 @@ def fill_out_cache_loc(
 
 
 def fill_table(plan: BatchPlan, last: np.ndarray, pages: np.ndarray) -> np.ndarray:
-    """The run table of ``fill_out_cache_loc_kernel``, int64 ``[2R + 1 + sum m]``: token starts ``[R + 1]``,
-    bases ``[R]`` (``last_loc + 1`` for a head run, ``-(g + 1)`` for a segment run whose first page is
-    ``pages[g]``), then ``pages``. O(R + pages) numpy. Inputs as checked by ``fill_out_cache_loc``.
-    Example P=4, L0=10, E=8, last_loc 9, pages [5, 2]: runs (head, 2 tokens), (segment, 6) -> [0, 2, 8, 10, -1, 5, 2].
+    """The run table of ``fill_out_cache_loc_kernel``, int64 ``[2R + 1 + 4 nb + sum m]``: token starts
+    ``[R + 1]``, bases ``[R]`` (``last_loc + 1`` for a head run, ``-(g + 1)`` for a segment run whose first
+    page is ``pages[g]``), per ``_BLOCK``-token program ``[nb, 4]`` (``nb = ceil(sum E / _BLOCK)``): the runs
+    j0, j1 of its first and last token, j0's token start and base; then ``pages``. O(R + nb log R + pages)
+    numpy. Inputs as checked by ``fill_out_cache_loc``. Example C=1, P=4, L0=10, E=8, last_loc 9, pages
+    [5, 2]: runs (head, 2 tokens), (segment, 4 tokens from page 5), (segment, 2 from page 2), one
+    program over runs 0..2 -> [0, 2, 6, 8 | 10, -1, -2 | 0, 2, 0, 10 | 5, 2].
     """
     runs = plan.token_runs
     R = runs.length.shape[0]
-    table = np.empty(2 * R + 1 + pages.shape[0], dtype=np.int64)
+    nb = cdiv(plan.num_tokens, _BLOCK)
+    table = np.empty(2 * R + 1 + 4 * nb + pages.shape[0], dtype=np.int64)
     table[0] = 0
     np.cumsum(runs.length, out=table[1 : R + 1])
     first_page = np.cumsum(runs.pages) - runs.pages  # index in pages of each segment run's first page
     table[R + 1 : 2 * R + 1] = np.where(runs.pages == 0, last[runs.req] + 1, -first_page - 1)
-    table[2 * R + 1 :] = pages
+    ends = np.arange(nb, dtype=np.int64)[:, None] * _BLOCK + [0, _BLOCK - 1]  # first and last token
+    np.minimum(ends, plan.num_tokens - 1, out=ends)
+    rows = table[2 * R + 1 : 2 * R + 1 + 4 * nb].reshape(nb, 4)
+    rows[:, :2] = np.searchsorted(table[:R], ends, "right") - 1
+    rows[:, 2] = table[rows[:, 0]]
+    rows[:, 3] = table[R + 1 + rows[:, 0]]
+    table[2 * R + 1 + 4 * nb :] = pages
     return table
 
 
@@ -89,9 +100,10 @@ def launch_fill(backend: str, table: torch.Tensor, out: torch.Tensor, plan: Batc
     """One launch of ``fill_out_cache_loc_kernel`` writing ``out`` (int64 ``[sum E]``, ``sum E > 0``) from
     ``table`` (``fill_table``'s, on ``out``'s device); ``backend`` "triton" or "interpreter". Returns ``out``."""
     R = plan.token_runs.length.shape[0]
+    nb = cdiv(plan.num_tokens, _BLOCK)
     with on_device(out):
-        kernel_module(backend == "interpreter").fill_out_cache_loc_kernel[(cdiv(plan.num_tokens, _BLOCK),)](
-            table, out, plan.num_tokens, R, (R - 1).bit_length(), P=plan.config.page_size, BLOCK=_BLOCK
+        kernel_module(backend == "interpreter").fill_out_cache_loc_kernel[(nb,)](
+            table, out, plan.num_tokens, R, nb, (R - 1).bit_length(), P=plan.config.page_size, BLOCK=_BLOCK
         )
     return out
 

@@ -27,12 +27,26 @@ def check_out(out, shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     if out is None:
         return None
     out = require_tensor("out", out)
-    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device or not out.is_contiguous():
+    if (
+        tuple(out.shape) != tuple(shape) or out.dtype != dtype or not same_device(out.device, device)
+        or not out.is_contiguous()
+    ):  # fmt: skip
         raise KernelError(
             f"out must be a contiguous {dtype} tensor of shape {list(shape)} on {device}, got "
             f"{out.dtype} {list(out.shape)} on {out.device}{'' if out.is_contiguous() else ' (not contiguous)'}"
         )
     return out
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether two devices are one: ``cuda`` without an index is the current CUDA device, so a tensor on
+    ``cuda:0`` is on ``torch.device("cuda")`` while device 0 is current (as ``torch.empty(device="cuda")``)."""
+    return _indexed(a) == _indexed(b)
+
+
+def _indexed(d: torch.device) -> torch.device:
+    """``d`` with the current CUDA device's index when it is ``cuda`` without one, else ``d``."""
+    return torch.device("cuda", torch.cuda.current_device()) if d.type == "cuda" and d.index is None else d
 
 
 def into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:

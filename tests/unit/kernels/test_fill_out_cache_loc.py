@@ -45,6 +45,23 @@ def test_many_blocks_and_runs():
     check_fill_out_cache_loc(Batch(plan, last, pages), "cpu")
 
 
+def test_blocks_inside_one_run_and_blocks_across_runs():
+    # The kernel finds one run per block when the block's first and last token share it, else one per
+    # token: a head run of 11 tokens, then segments of ~2,250 tokens give blocks of each kind.
+    from cpkv.kernels.slots import _BLOCK, fill_table
+
+    one = plan_batch([10], [8], CPConfig(1, 4), head_owners=[0])  # fill_table's docstring example
+    assert fill_table(one, np.array([9]), np.array([5, 2])).tolist() == [0, 2, 6, 8, 10, -1, -2, 0, 2, 0, 10, 5, 2]
+    plan = plan_batch([5, 0], [9000, 2100], CPConfig(2, 16), head_owners=[1, None])
+    starts = np.cumsum(plan.token_runs.length) - plan.token_runs.length
+    first = np.arange(0, plan.num_tokens, _BLOCK)
+    last = np.minimum(first + _BLOCK, plan.num_tokens) - 1
+    one_run = np.searchsorted(starts, first, "right") == np.searchsorted(starts, last, "right")
+    assert one_run.any() and not one_run.all()
+    pages = np.random.default_rng(5).permutation(plan.page_owners.shape[0]) + 3
+    check_fill_out_cache_loc(Batch(plan, np.array([16 * 40 + 4, -1]), pages), "cpu")
+
+
 def test_empty_batch_and_empty_requests():
     plan = plan_batch([0, 5], [0, 0], CPConfig(4, 64), head_owners=[None, 0])
     got = K.fill_out_cache_loc(plan, [-1, 68], [])
