@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from .errors import AllocatorError
 from .planner import BatchPlan
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ExtendAllocation"]
 
@@ -19,17 +22,22 @@ class ExtendAllocation:
     Attributes:
         out_cache_loc: ``[sum E]`` torch.int64 on the allocator's device: the slot of every extend token,
             flattened in request order (head tokens ``last_loc+1 ...``, then ``p*P + 0 .. P-1`` per new page).
+            On a CPU allocator it wraps ``out_cache_loc_cpu`` without a copy, made on first access: code
+            that reads only numpy (the simulator) never imports torch.
+        out_cache_loc_cpu: the same slots as an int64 numpy array ``[sum E]`` on the host: on a CPU
+            allocator the very memory of ``out_cache_loc`` (as ``out_cache_loc.numpy()``), a copy from the
+            device otherwise.
         plan: the ``BatchPlan`` the pages were allocated for (phases as the policy chose them). When every
             request needed at most one new page (decode steps, small calls; ``single_page.py``) it is built
             on first access, by the same ``plan_batch`` call the general path makes, so it is the same plan.
         new_pages: ``[sum m]`` int64 numpy page ids, flat, request order (``plan.page_owners`` order).
     """
 
-    __slots__ = ("out_cache_loc", "new_pages", "_plan", "_make_plan")
+    __slots__ = ("_out", "new_pages", "_plan", "_make_plan")
 
     def __init__(
         self,
-        out_cache_loc: torch.Tensor,
+        out_cache_loc: torch.Tensor | np.ndarray,
         plan: BatchPlan | None,
         new_pages: np.ndarray,
         *,
@@ -37,9 +45,24 @@ class ExtendAllocation:
     ) -> None:
         if (plan is None) == (make_plan is None):
             raise AllocatorError("ExtendAllocation needs exactly one of plan and make_plan")
-        for name, value in (("out_cache_loc", out_cache_loc), ("new_pages", new_pages), ("_plan", plan),
+        for name, value in (("_out", out_cache_loc), ("new_pages", new_pages), ("_plan", plan),
                             ("_make_plan", make_plan)):  # fmt: skip
             object.__setattr__(self, name, value)
+
+    @property
+    def out_cache_loc(self) -> torch.Tensor:
+        """``[sum E]`` torch.int64 on the allocator's device (see the class doc)."""
+        if isinstance(self._out, np.ndarray):
+            import torch
+
+            object.__setattr__(self, "_out", torch.from_numpy(self._out))  # shares the array's memory
+        return self._out
+
+    @property
+    def out_cache_loc_cpu(self) -> np.ndarray:
+        """``[sum E]`` int64 numpy slots on the host (see the class doc)."""
+        out = self._out
+        return out if isinstance(out, np.ndarray) else out.cpu().numpy()
 
     @property
     def plan(self) -> BatchPlan:
@@ -54,8 +77,9 @@ class ExtendAllocation:
 
     def __reduce__(self):
         """Copy and pickle through the constructor (a deferred plan is built first)."""
-        return (ExtendAllocation, (self.out_cache_loc, self.plan, self.new_pages))
+        return (ExtendAllocation, (self._out, self.plan, self.new_pages))
 
     def __repr__(self) -> str:
-        return (f"ExtendAllocation(tokens={self.out_cache_loc.shape[0]}, new_pages={self.new_pages.shape[0]}, "
-                f"device={self.out_cache_loc.device})")  # fmt: skip
+        device = "cpu" if isinstance(self._out, np.ndarray) else self._out.device
+        return (f"ExtendAllocation(tokens={self._out.shape[0]}, new_pages={self.new_pages.shape[0]}, "
+                f"device={device})")  # fmt: skip

@@ -2,7 +2,8 @@
 
 Implements C-ALLOC, C-ATOMIC, C-FAIL-FAST, the ``balanced`` policy of C-BALANCED, speculative draft
 pages and their rollback (C-DRAFT) and the pool kinds (C-POOL). Pure CPU state (numpy); only
-``out_cache_loc`` is a torch tensor, on the allocator's device.
+``out_cache_loc`` is a torch tensor, on the allocator's device. A CPU allocator imports torch only when
+someone reads an ``out_cache_loc`` (``ExtendAllocation``): the simulator never does.
 """
 
 from __future__ import annotations
@@ -11,12 +12,11 @@ import hashlib
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from .allocation import ExtendAllocation
 from .config import CPConfig, check_int, per_lane_ints
 from .errors import AllocatorError, ConfigError, LaneExhausted, PlanError
-from .kernels import fill_out_cache_loc, use_kernels
+from .kernels.backend import interpreter_requested, kernel_mode, use_kernels
 from .layout import check_pool_kind
 from .limits import check_bytes
 from .plan_memo import PlanMemo
@@ -80,12 +80,20 @@ class OwnerLaneAllocator:
         check_bytes(f"an allocator of {num_pages:,} pages ({C} lanes of up to {max(caps):,})", 32 * num_pages,
                     ConfigError, "lower pages_per_lane")  # fmt: skip
         self.config = config
-        try:
-            self.device = torch.device(device)
-            torch.empty(0, dtype=torch.int64, device=self.device)
-        except (RuntimeError, AssertionError) as e:
-            raise ConfigError(f"device={device!r} is not usable for out_cache_loc: {e}") from None
-        self._kernels = use_kernels(self.device)  # out_cache_loc by a Triton kernel (C-KERNEL), read once
+        mode = kernel_mode()  # a bad CPKV_KERNELS fails here, whatever the device
+        if isinstance(device, str) and device == "cpu" and not (mode == "auto" and interpreter_requested()):
+            self._device = None  # the host: numpy slots, torch imported only when out_cache_loc is read
+            self._kernels = False
+        else:
+            import torch
+
+            try:
+                dev = torch.device(device)
+                torch.empty(0, dtype=torch.int64, device=dev)
+            except (RuntimeError, AssertionError, TypeError) as e:
+                raise ConfigError(f"device={device!r} is not usable for out_cache_loc: {e}") from None
+            self._kernels = use_kernels(dev)  # out_cache_loc by a Triton kernel (C-KERNEL), read once
+            self._device = None if dev.type == "cpu" and not self._kernels else dev
         self.lane_pages = np.asarray(caps, dtype=_I64)  # [C] Q_r, page 0 included
         self.pages_per_lane = int(self.lane_pages.max())  # Q of the shared layout
         self.num_pages = C * self.pages_per_lane
@@ -109,6 +117,24 @@ class OwnerLaneAllocator:
         self._memo = PlanMemo()  # plans of plan_extend, for the alloc_extend that follows
 
     # ----------------------------------------------------------------------------------------- queries
+    @property
+    def device(self):
+        """The torch device of ``out_cache_loc`` (``torch.device``; importing torch when first read)."""
+        if self._device is not None:
+            return self._device
+        import torch
+
+        return torch.device("cpu")
+
+    def _on_device(self, slots: np.ndarray):
+        """``slots`` (int64 numpy) as ``out_cache_loc`` on this allocator's device: the array itself on
+        the host (``ExtendAllocation`` wraps it as a tensor on first read), else a torch copy there."""
+        if self._device is None:
+            return slots
+        import torch
+
+        return torch.from_numpy(slots).to(self._device)
+
     def free_pages_per_lane(self) -> np.ndarray:
         """Free pages of each lane, int64 ``[C]`` (a copy)."""
         return self._top.copy()
@@ -193,9 +219,11 @@ class OwnerLaneAllocator:
         seg = runs.pages > 0  # the runs of new pages (zigzag segments), in page order
         new_pages, counts = self._pick(runs.owner[seg], runs.pages[seg])
         if self._kernels:  # CUDA (or Triton's interpreter): written on the device in one launch
-            out = fill_out_cache_loc(plan, last, new_pages, device=self.device)
+            from .kernels.slots import fill_out_cache_loc
+
+            out = fill_out_cache_loc(plan, last, new_pages, device=self._device)
         else:
-            out = torch.from_numpy(_extend_slots(plan, last, new_pages)).to(self.device)
+            out = self._on_device(_extend_slots(plan, last, new_pages))
         self._commit(new_pages, counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
         self._memo.drop(key)  # kept only while the batch was not allocated (e.g. a retry after LaneExhausted)
         new_pages.setflags(write=False)

@@ -21,11 +21,11 @@ them as 0-d arrays (a Python int operand costs numpy about a microsecond more pe
 
 from __future__ import annotations
 
+import sys
 from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from . import limits
 from .allocation import ExtendAllocation
@@ -106,9 +106,7 @@ def alloc_single_page(alloc: OwnerLaneAllocator, prefix_lens, extend_lens, last_
         out[new_rows] = new_pages * t.P
     else:
         out = _extend_slots(L0, E, nxt, new_rows, new_pages, alloc.config.page_size)
-    out_cache_loc = torch.from_numpy(out)
-    if alloc.device.type != "cpu":
-        out_cache_loc = out_cache_loc.to(alloc.device)
+    out_cache_loc = alloc._on_device(out)
     if counts is not None:
         alloc._commit(new_pages, counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
         new_pages.setflags(write=False)
@@ -120,7 +118,7 @@ def _int64(values) -> np.ndarray | None:
     """A private 1-D int64 copy of ``values`` (numpy array, CPU tensor or list of ints), else None."""
     if type(values) is np.ndarray:
         arr = values.copy() if values.dtype == _I64 else None
-    elif type(values) is torch.Tensor:
+    elif (torch := sys.modules.get("torch")) is not None and type(values) is torch.Tensor:  # torch loaded
         ok = values.dtype == torch.int64 and values.device.type == "cpu" and not values.requires_grad
         arr = values.numpy().copy() if ok else None
     elif type(values) is list:

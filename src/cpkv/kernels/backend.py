@@ -14,11 +14,13 @@ import functools
 import importlib.util
 import os
 from types import ModuleType
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from .gate import require_kernel_version
+
+if TYPE_CHECKING:
+    import torch
 
 KERNELS_ENV = "CPKV_KERNELS"
 KERNEL_MODES = ("auto", "off")
@@ -53,11 +55,16 @@ def kernel_backend(device: torch.device | str) -> str:
     """
     if kernel_mode() == "off":
         return "torch"
-    dev = torch.device(device)
-    if dev.type == "cuda":
+    if isinstance(device, str) and device == "cpu":  # the common case, without importing torch
+        kind = "cpu"
+    else:
+        import torch
+
+        kind = torch.device(device).type
+    if kind == "cuda":
         require_kernel_version()
         return "triton"
-    if dev.type == "cpu" and interpreter_requested():
+    if kind == "cpu" and interpreter_requested():
         require_kernel_version(interpreter=True)
         return "interpreter"
     return "torch"

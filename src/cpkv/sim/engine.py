@@ -237,7 +237,7 @@ class PolicyRun:
 
     # --------------------------------------------------------------------------------------- advance
     def _advance(self, batch: list[_Running], alloc) -> None:
-        out = alloc.out_cache_loc.numpy()
+        out = alloc.out_cache_loc_cpu
         indptr = alloc.plan.extend_indptr
         page_indptr = alloc.plan.page_indptr
         for i, r in enumerate(batch):
@@ -281,7 +281,7 @@ class PolicyRun:
             left = [r.req.output_length - r.decoded for r in batch]
             kept = self.spec.verify(a, [r.req.req_id for r in batch], seq, left, [r.slots for r in batch])
         else:
-            slots, ind = a.out_cache_loc.numpy(), a.plan.page_indptr
+            slots, ind = a.out_cache_loc_cpu, a.plan.page_indptr
             kept = [(slots[i : i + 1], a.new_pages[ind[i] : ind[i + 1]]) for i in range(len(batch))]
         for r, s, (slots, pages) in zip(batch, seq, kept, strict=True):
             r.slots[s : s + slots.shape[0]] = slots

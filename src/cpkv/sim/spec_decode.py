@@ -77,7 +77,7 @@ class SpecDecoder:
             went back to their lanes through ``release_tail``.
         """
         K, P = self.num_draft_tokens, self.alloc.config.page_size
-        out = a.out_cache_loc.numpy()
+        out = a.out_cache_loc_cpu
         indptr = a.plan.page_indptr
         kept = []
         for i, rid in enumerate(req_ids):

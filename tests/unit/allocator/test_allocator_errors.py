@@ -227,8 +227,9 @@ def test_last_loc_on_a_page_beyond_its_lane_capacity_is_rejected(prefix_len, las
 @pytest.mark.clause("C-ATOMIC")
 def test_failed_device_transfer_allocates_nothing(monkeypatch):
     # The allocator's pages are committed only when the whole call succeeds, including building
-    # out_cache_loc on the device. Simulate the device copy failing (e.g. CUDA out of memory).
-    alloc = OwnerLaneAllocator(CPConfig(4, 64, "rotation"), 8)
+    # out_cache_loc on the device. Simulate the device copy failing (e.g. CUDA out of memory); "meta" is
+    # a device other than the host that exists on every machine (a CPU allocator copies nothing).
+    alloc = OwnerLaneAllocator(CPConfig(4, 64, "rotation"), 8, device="meta")
     before = snapshot(alloc)
 
     def failing_to(self, *args, **kwargs):

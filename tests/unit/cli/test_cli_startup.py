@@ -36,6 +36,28 @@ def test_every_public_name_resolves():
         cpkv.nope  # noqa: B018
 
 
+_SIMULATE = """
+import sys
+from cpkv.cli import main
+try:
+    main(["simulate", "--workload", "tiny-chunks-reload", "--max-requests", "24", "--policy", "all",
+          "--spec-draft-tokens", "2", "--no-progress", "--out", sys.argv[1]])
+except SystemExit as e:
+    assert e.code in (0, None), e.code
+print(",".join(m for m in ("torch", "cpkv.executor", "cpkv.kernels.slots") if m in sys.modules))
+"""
+
+
+def test_simulate_never_imports_torch(tmp_path):
+    # The simulator reads slots as numpy (ExtendAllocation.out_cache_loc_cpu); torch costs ~1 s of start-up.
+    # This run takes the allocator, prefix cache with host tier and load-back, and draft pages (C-DRAFT).
+    out = subprocess.run([sys.executable, "-c", _SIMULATE, str(tmp_path / "sim")], capture_output=True, text=True,
+                         timeout=120, env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == ""  # the modules imported: none
+    assert (tmp_path / "sim" / "report.json").is_file()
+
+
 _CHILD = """
 import signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)  # even where the test runner ignores SIGINT
