@@ -5,9 +5,9 @@
 Runs the real CLI in a child process, exactly
 ``cpkv simulate --trace ../shared/traces/mooncake_conversation_trace.jsonl --policy P --no-progress
 --out DIR``
-(``--quick``: plus ``--max-requests 200``), so the peak RSS is that of the command alone (interpreter,
-torch and numpy imports included). "wall" is the child's wall time from start to exit, "sim" the
-``sim_wall_s`` of its report (the step loop only). See README.md.
+(``--quick``: plus ``--max-requests 200``), so the peak RSS is that of the command alone (interpreter and
+imports included; ``simulate`` does not import torch). "wall" is the child's wall time from start to
+exit, "sim" the ``sim_wall_s`` of its report (the step loop only). See README.md.
 """
 
 from __future__ import annotations

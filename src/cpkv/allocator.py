@@ -431,7 +431,11 @@ class OwnerLaneAllocator:
         head = self._head_owners(L0, last)
         _check_shared_heads(L0, E, last, self.config.page_size)
         phases = self._balanced_phases(L0, E) if balanced else None
-        plan = _plan_checked(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True)
+        kept = self._memo.kept(key) if balanced else None  # made with other free pages: same phases, same plan
+        if kept is not None and np.array_equal(kept.request_phases, phases):
+            plan = kept
+        else:
+            plan = _plan_checked(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True)
         self._memo.put(key, plan, self._changes, free)
         return plan, last, key
 

@@ -6,7 +6,9 @@ is a function of the arguments alone under ``rotation`` and ``legacy`` (phases b
 arguments and the free pages per lane under ``balanced`` (C-BALANCED); only the check of ``last_locs``
 (C-FAIL-FAST: the page holding it must be handed out) reads the rest of the allocator's state. So a plan
 made earlier is the plan a new call would make while its phases' inputs are the same, once ``last_locs``
-pass the check again: the allocator plans once per batch instead of once per call.
+pass the check again: the allocator plans once per batch instead of once per call. Under ``balanced``
+a kept plan whose phases the new free pages choose again is that plan too (the planner is a function
+of the lengths, head owners and phases), so an eviction that moves no phase costs no new plan.
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ class PlanMemo:
         if hit is None or hit[2] != free:
             return None
         return MemoHit(hit[0], hit[1] == changes)
+
+    def kept(self, key: bytes) -> BatchPlan | None:
+        """The plan kept for ``key`` whatever the free pages it was made with (``balanced``: the caller
+        compares its phases with the ones it would choose now; equal phases give the same plan)."""
+        hit = self._plans.get(key)
+        return None if hit is None else hit[0]
 
     def drop(self, key: bytes) -> None:
         """Forget the plan of ``key`` (it was allocated: the same arguments will not come again)."""
