@@ -25,16 +25,23 @@ from cpkv.allocator import _extend_slots
 from cpkv.kernels.slots import fill_table, launch_fill
 
 C, P = 8, 64
+# GPU clock cycles (~50 ms at 2 GHz) that hold the stream busy: longer than the host takes to queue the calls
+_BACKLOG_CYCLES = 100_000_000
 
 
 def cuda_ms(fn, repeats: int) -> float:
     """Median milliseconds of ``fn()`` on the current stream, after two warm-up calls: CUDA events around
-    each call, all calls queued back to back and one synchronize at the end, so the host's launch work
-    overlaps the device's (as in a serving loop) instead of adding its tens of microseconds to each call."""
+    each call, all calls queued back to back behind a ``torch.cuda._sleep`` of ``_BACKLOG_CYCLES`` and one
+    synchronize at the end. The stream is busy while the host queues the calls, so each interval holds the
+    device's work alone, also where a launch takes the host longer than the kernel takes the device (on
+    an idle stream a start event fires as it is recorded and the host's launch lands inside the interval:
+    on an H200 fill_out_cache_loc's kernel at 1M tokens timed 35 us so, 11.6 us behind the sleep). A call
+    that waits for the device itself (a blocking host-to-device copy) is timed with its host work."""
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    torch.cuda._sleep(_BACKLOG_CYCLES)
     for start, end in events:
         start.record()
         fn()
