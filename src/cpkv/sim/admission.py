@@ -196,9 +196,9 @@ class StepBuilder:
             free = self.alloc.free_pages_per_lane()
             plan = self.alloc.plan_extend(*args)  # the plan alloc_extend takes below (kept by the allocator)
             need = np.bincount(plan.page_owners, minlength=C)
-            logits = mqa_logits_elements(plan)
+            logits = mqa_logits_elements(plan) if self.limit is not None else None  # the batch's: at return
             room = free + self.cache.evictable_pages_per_lane()
-            if (need > room).any() or (self.limit is not None and int(logits.max()) > self.limit):
+            if (need > room).any() or (logits is not None and int(logits.max()) > self.limit):
                 for items in (self.keys, self._L0, self._E, self._last):
                     items.pop()
                 continue
@@ -210,7 +210,8 @@ class StepBuilder:
                 # only (rotation, legacy) stays too: the next round would allocate at once if no lane is short.
                 if self.alloc.config.owner_policy == "balanced" or (need > self.alloc.free_pages_per_lane()).any():
                     continue
-            return list(self.keys), (allocate or self.alloc.alloc_extend)(*args), logits
+            a = (allocate or self.alloc.alloc_extend)(*args)
+            return list(self.keys), a, logits if logits is not None else mqa_logits_elements(plan)
         return None
 
     def make_free_page(self) -> bool:

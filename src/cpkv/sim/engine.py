@@ -45,7 +45,7 @@ class _Running:
 
     req: Request
     token_ids: np.ndarray  # [input_length] int64
-    slots: np.ndarray  # [input_length + output_length] int64 req_to_token row, -1 where not yet computed
+    slots: np.ndarray  # [input_length + output_length] int64 req_to_token row; only [:done + decoded] is set
     done: int  # tokens whose KV exists (cached prefix + computed)
     handle: object  # lock handle of the matched prefix
     own_pages: list = field(default_factory=list)  # arrays of pages allocated for this request
@@ -220,7 +220,7 @@ class PolicyRun:
             match = self.cache.load_back(match)
         self.cache.lock(match.handle)
         self.builder.refresh_room()
-        slots = np.full(req.input_length + req.output_length, -1, dtype=_I64)
+        slots = np.empty(req.input_length + req.output_length, dtype=_I64)  # written as positions get KV
         slots[: match.device_len] = match.device_slots
         return _Running(req, tokens, slots, match.device_len, match.handle)
 
