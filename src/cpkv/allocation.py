@@ -60,7 +60,11 @@ class ExtendAllocation:
 
     @property
     def out_cache_loc_cpu(self) -> np.ndarray:
-        """``[sum E]`` int64 numpy slots on the host (see the class doc)."""
+        """``[sum E]`` int64 numpy slots on the host (see the class doc).
+
+        Raises:
+            NotImplementedError: from torch, on a ``meta`` allocator (its tensors hold no values to copy).
+        """
         out = self._out
         return out if isinstance(out, np.ndarray) else out.cpu().numpy()
 
