@@ -200,11 +200,13 @@ class PolicyRun:
     def _total_room_for(self, req: Request) -> bool:
         """Whether the pool, in total, can take ``req`` besides what admitted requests still need (checked
         before any load-back, as an engine checks its token budget before ``load_back``)."""
-        tokens = self._token_ids(req)
-        probe = self.cache.match_prefix(tokens[:-1], record=False)
-        need = pages_to_finish(self._kv_tokens(req), probe.device_len, self.cfg.page_size)
-        need += sum(self._pages_left(r) for r in self.running + self.decoding)
-        return need <= self.alloc.total_free_pages + int(self.cache.evictable_pages_per_lane().sum())
+        room = self.alloc.total_free_pages + int(self.cache.evictable_pages_per_lane().sum())
+        room -= sum(self._pages_left(r) for r in self.running + self.decoding)
+        kv, P = self._kv_tokens(req), self.cfg.page_size
+        if pages_to_finish(kv, 0, P) <= room:  # fits even with nothing cached: no need to match
+            return True
+        probe = self.cache.match_prefix(self._token_ids(req)[:-1], record=False)
+        return pages_to_finish(kv, probe.device_len, P) <= room
 
     def _token_ids(self, req: Request) -> np.ndarray:
         tokens = self._tokens.get(req.req_id)
