@@ -45,7 +45,7 @@ import numpy as np
 
 from ..allocator import OwnerLaneAllocator
 from ..errors import PrefixCacheError
-from .checks import Scratch, check_lane, int_array, whole_pages
+from .checks import PageChecker, check_lane, int_array
 from .host_tier import HostTier
 from .loadback import load_back
 from .lru import LaneLRU
@@ -124,7 +124,7 @@ class PrefixCache:
         self._next_key = 0
         self._epoch = 0  # bumped by every change of pages; a match is valid for one epoch
         self._n = dict.fromkeys(_COUNTERS, 0)
-        self._scratch = Scratch()
+        self._check = PageChecker(allocator)
 
     # ----------------------------------------------------------------------------------------- queries
     def match_prefix(self, token_ids, *, record: bool = True) -> PrefixMatch:
@@ -265,25 +265,26 @@ class PrefixCache:
         if slots.shape[0] != tokens.shape[0]:
             raise PrefixCacheError(f"slots has {slots.shape[0]} entries but token_ids has {tokens.shape[0]}")
         k = tokens.shape[0] // P
-        pages = whole_pages(slots[: k * P], P, self.allocator, self._scratch)
+        pages = self._check.whole_pages(slots[: k * P])
         path = self.tree.walk(tokens, k)
         matched = sum(m for _, m in path)
-        same = np.zeros(k, dtype=bool)
-        same[:matched] = _concat([n.vals[:m, PAGE] for n, m in path]) == pages[:matched]
-        bad = np.flatnonzero(self._in_tree[pages] & ~same)
-        if bad.size:  # validated fully; nothing changed yet
-            i = int(bad[0])
+        held = self._in_tree[pages]  # [k]
+        same = _concat([n.vals[:m, PAGE] for n, m in path]) == pages[:matched]  # [matched] the tree's own page
+        num_same = np.count_nonzero(same)
+        if np.count_nonzero(held) != num_same:  # same implies held: a held page elsewhere; nothing changed yet
+            held[:matched] &= ~same
+            i = int(np.flatnonzero(held)[0])
             raise PrefixCacheError(f"page {int(pages[i])} (token {i * P}) is already cached at another position")
         if path and path[-1][1] < path[-1][0].num_pages:
             path[-1] = (self.tree.split(*path[-1]), path[-1][1])
         nodes, dup, new, pos = [], [], 0, 0
+        on_device = sum(m for n, m in path if n.dev)  # matched pages already on device
         for node, m in path:
-            seg = pages[pos : pos + m]
-            if node.dev:
-                dup.append(seg[~same[pos : pos + m]])
-            else:
-                self._refill(node, seg)
+            if not node.dev:
+                self._refill(node, pages[pos : pos + m])
                 new += m
+            elif num_same < on_device:  # a caller page duplicates the tree's
+                dup.append(pages[pos : pos + m][~same[pos : pos + m]])
             nodes.append(node)
             pos += m
         if matched < k:
@@ -303,7 +304,9 @@ class PrefixCache:
         self._epoch += 1
         self._touch(nodes)
         handle = self.tree.handle(nodes[-1], k, nodes[-1].gen) if nodes else self._root_handle
-        return InsertResult(_concat([n.vals[:, PAGE] for n in nodes]), dup_pages, new, P, handle)
+        # Without duplicates every page of the result is the caller's (kept, refilled or new): ``pages``.
+        result = pages if num_same == on_device else _concat([n.vals[:, PAGE] for n in nodes])
+        return InsertResult(result, dup_pages, new, P, handle)
 
     def evict(self, lane: int, num_pages: int) -> int:
         """Free at least ``num_pages`` unlocked pages of ``lane``, least recently used first (C-RELOAD).
