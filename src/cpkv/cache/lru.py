@@ -61,7 +61,8 @@ class LaneLRU:
     def pop(self, lane: int):
         """The evictable run with ``lane``'s least recently used page, taken off its heap (its other entries
         die with it once it is evicted); None when there is none."""
-        self._push_queued()
+        if self._queue:
+            self._push_queued()
         heap, shared, pop, C = self._heaps[lane], self._heaps[-1], heapq.heappop, self.cp_size
         while heap and not self._live(heap[0], lane):
             pop(heap)
@@ -78,8 +79,6 @@ class LaneLRU:
         return node.memo
 
     def _push_queued(self) -> None:
-        if not self._queue:
-            return
         heaps, push, grown, C = self._heaps, heapq.heappush, set(), self.cp_size
         for n in self._queue:
             if n.dev and n.lock_ref == 0 and n.attached and n.pushed != n.stamp:

@@ -119,7 +119,7 @@ class PrefixCache:
         self._cached = np.zeros(C, dtype=_I64)  # [C] device pages in the tree
         self._evictable = np.zeros(C, dtype=_I64)  # [C] unlocked device pages
         self._evicted = np.zeros(C, dtype=_I64)
-        self._collateral = np.zeros(C, dtype=_I64)
+        self._own_lane = [0] * C  # of _evicted, those evicted by a call on their own lane
         self._host_loc: dict[int, CacheNode] = {}  # host key -> run holding the copy
         self._next_key = 0
         self._epoch = 0  # bumped by every change of pages; a match is valid for one epoch
@@ -197,7 +197,7 @@ class PrefixCache:
         """
         out: dict = dict(self._n)
         out["evicted_pages"] = self._evicted.tolist()
-        out["evicted_collateral_pages"] = self._collateral.tolist()
+        out["evicted_collateral_pages"] = [e - own for e, own in zip(out["evicted_pages"], self._own_lane, strict=True)]
         return out
 
     def entries(self) -> Iterator[CacheEntry]:
@@ -325,27 +325,33 @@ class PrefixCache:
                 ``backup_fn`` propagates after the call is undone (every page stays on device).
         """
         lane = check_lane(lane, self.cp_size)
-        if isinstance(num_pages, bool) or not hasattr(num_pages, "__index__") or int(num_pages) < 0:
-            raise PrefixCacheError(f"num_pages={num_pages!r} must be an integer >= 0")
-        num_pages = int(num_pages)
+        if type(num_pages) is not int or num_pages < 0:
+            if isinstance(num_pages, bool) or not hasattr(num_pages, "__index__") or int(num_pages) < 0:
+                raise PrefixCacheError(f"num_pages={num_pages!r} must be an integer >= 0")
+            num_pages = int(num_pages)
+        lru, tree = self.lru, self.tree
         steps: list[list[CacheNode]] = []
         freed = 0
         while freed < num_pages:
-            node = self.lru.pop(lane)
+            node = lru.pop(lane)
             if node is None:
                 break
-            below = self.tree.preorder(node, _on_device)[1:] if node.children else []  # device subtree
-            got = sum(int(self.lru.counts(n)[lane]) for n in below)  # 0 while ancestors are the newer
+            if node.children:  # its device subtree goes too; 0 pages of the lane while ancestors are the newer
+                below = tree.preorder(node, _on_device)[1:]
+                got = sum(int(lru.counts(n)[lane]) for n in below)
+            else:
+                below, got = [], 0
             need = num_pages - freed - got
             if need > 0:  # cut the run at the need-th page of the lane from the bottom (or its first)
-                idx = np.flatnonzero(node.vals[:, LANE] == lane)
+                idx = (node.vals[:, LANE] == lane).nonzero()[0]
                 k = min(need, idx.shape[0])
-                if idx[idx.shape[0] - k]:
-                    self.tree.split(node, int(idx[idx.shape[0] - k]), not self._write_back)
+                at = int(idx[idx.shape[0] - k])
+                if at:
+                    tree.split(node, at, not self._write_back)
                 got += k
                 below.insert(0, node)
             else:  # the subtree alone is enough: the run stays
-                self.lru.requeue(node)
+                lru.requeue(node)
             for n in below:
                 n.dev, n.in_batch = False, True
                 n.gen += 1
@@ -438,11 +444,12 @@ class PrefixCache:
         """The page counts of one ``evict`` call (``sign`` -1 undoes them): ``pages`` leave the device,
         ``taken`` int64 ``[C]`` of them per lane, all unlocked; those not of ``lane`` are collateral."""
         self._in_tree[pages] = sign < 0
-        self._cached -= sign * taken
-        self._evictable -= sign * taken
-        self._evicted += sign * taken
-        self._collateral += sign * taken
-        self._collateral[lane] -= sign * taken[lane]
+        if sign < 0:
+            taken = -taken
+        self._cached -= taken
+        self._evictable -= taken
+        self._evicted += taken
+        self._own_lane[lane] += int(taken[lane])
 
     def _set_device(self, n: CacheNode, pages: np.ndarray) -> None:
         """Put device pages under run ``n`` (a new run, a refilled or a loaded-back one)."""
