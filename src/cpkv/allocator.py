@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from itertools import accumulate
 
 import numpy as np
 
@@ -27,7 +28,6 @@ from .planner import (
     _plan_checked,
     expand_runs,
     offsets_within_key,
-    zigzag_rank_pages,
 )
 from .single_page import SinglePageTables, alloc_single_page
 
@@ -493,21 +493,10 @@ class OwnerLaneAllocator:
         phases = rotation.copy()
         if C == 1:
             return phases
-        rows = np.flatnonzero(m)
-        if not rows.shape[0]:
-            return phases
-        free = self._top.copy()  # [C]
-        roll, cyclic = _phase_tables(C)
-        lane_pages = zigzag_rank_pages(m[rows], C)[:, roll]  # [k, f, r] n_r(f) of each request with pages
-        for n, i in zip(lane_pages, rows.tolist(), strict=True):
-            tight = np.minimum.reduce(free - n, axis=1)  # [f] criterion 1 (ufunc reduce: no method wrapper)
-            spread = n @ free  # [f] criterion 2
-            best = tight == np.maximum.reduce(tight)
-            best &= spread == np.maximum.reduce(spread[best])
-            order = cyclic[rotation[i]]
-            f = int(order[best[order].argmax()])  # the first best phase at or after the rotation phase
-            phases[i] = f
-            free -= n[f]
+        rows = m.nonzero()[0]
+        free = self._top.tolist()  # [C] Python ints: a few requests of C lanes cost less than numpy calls
+        for i, pages, f in zip(rows.tolist(), m[rows].tolist(), rotation[rows].tolist(), strict=True):
+            phases[i] = _balanced_phase(free, pages, f)
         return phases
 
     def _check_counts(self, counts: np.ndarray) -> None:
@@ -564,20 +553,42 @@ def _check_shared_heads(L0: np.ndarray, E: np.ndarray, last: np.ndarray, P: int)
         )
 
 
-_PHASE_TABLES: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+def _balanced_phase(free: list[int], m: int, rotation: int) -> int:
+    """C-BALANCED phase of one request of ``m >= 1`` new pages given ``free``, each lane's free pages
+    (``C`` ints, lowered here by the request's pages on each lane), and its ``rotation`` phase.
 
-
-def _phase_tables(C: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(roll, cyclic)``, int64 ``[C, C]`` read-only, made once per cp_size: ``roll[f, r] = (r - f) % C``
-    is the zigzag rank whose pages land on lane r under phase f; ``cyclic[q] = (q, q+1, ..) % C`` lists
-    the phases from rotation phase q on (C-BALANCED criterion 3)."""
-    got = _PHASE_TABLES.get(C)
-    if got is None:
-        r = np.arange(C, dtype=_I64)
-        got = _PHASE_TABLES[C] = ((r[None, :] - r[:, None]) % C, (r[None, :] + r[:, None]) % C)
-        for arr in got:
-            arr.setflags(write=False)
-    return got
+    C-ZIGZAG gives zigzag rank z ``2 * (m // 2C) + [z < m % 2C] + [2C-1-z < m % 2C]`` pages: k pages on every
+    rank plus one on a cyclic window of ``w < C`` consecutive ranks from rank s. With ``rem = m % 2C``:
+    ``rem < C``: ``k = 2 * (m // 2C)``, window ranks ``[0, rem)``; ``rem >= C``: ``k = 2 * (m // 2C) + 1``,
+    window ranks ``[2C - rem, C)``. Phase f puts rank z on lane ``(z + f) % C``, so the window covers lanes
+    ``g .. g + w - 1`` (mod C) from ``g = (f + s) % C``. Criterion 1, ``min_r(free_r - n_r(f))``, is then
+    ``min(free) - k - 1`` when the window holds a least-free lane, else ``min(free) - k``; criterion 2,
+    ``sum_r n_r(f) * free_r``, is ``k * sum(free)`` plus the window's free pages; criterion 3 takes the
+    first best phase cyclically from ``rotation``. O(C) integer work, no [C, C] table.
+    Example C=4, free [7, 8, 8, 8], m=3, rotation 0: the window is 3 lanes from lane f; only phase 1
+    (lanes 1, 2, 3) leaves out lane 0, the least free -> phase 1, free [7, 7, 7, 7].
+    """
+    C = len(free)
+    k, rem = divmod(m, 2 * C)
+    k, w, s = (2 * k, rem, 0) if rem < C else (2 * k + 1, rem - C, 2 * C - rem)  # rem = C: k + 1 everywhere
+    f = rotation
+    if w:  # else every lane takes k pages: all phases tie
+        least = min(free)
+        twice = free + free
+        wsum = list(accumulate(twice, initial=0))  # window [g, g + w) holds wsum[g + w] - wsum[g] free pages
+        lows = list(accumulate([v == least for v in twice], initial=0))  # least-free lanes likewise
+        best = None
+        for d in range(C):
+            g = (rotation + d + s) % C
+            key = (lows[g + w] == lows[g], wsum[g + w] - wsum[g])
+            if best is None or key > best:
+                best, f = key, (rotation + d) % C
+        g = (f + s) % C
+        for j in range(g, g + w):
+            free[j if j < C else j - C] -= 1
+    if k:
+        free[:] = [v - k for v in free]
+    return f
 
 
 def _extend_slots(plan: BatchPlan, last: np.ndarray, new_pages: np.ndarray) -> np.ndarray:
