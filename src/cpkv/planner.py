@@ -406,9 +406,10 @@ def _lengths(prefix_lens, extend_lens, first_index: int = 0) -> tuple[np.ndarray
     """``(prefix_lens, extend_lens)`` as int64 ``[B]`` arrays; PlanError naming the request and value."""
     L0 = _as_int_array("prefix_lens", prefix_lens, None)
     E = _as_int_array("extend_lens", extend_lens, L0.shape[0])
-    if not L0.shape[0] or (L0.min() >= 0 and E.min() >= 0 and L0.max() <= MAX_POSITION and E.max() <= MAX_POSITION
-                           and (L0 + E).max() <= MAX_POSITION):  # fmt: skip
-        return L0, E  # all valid (the checks below find the first bad request otherwise)
+    # All valid (else the checks below find the first bad request): both >= 0, then their sum, exact as uint64
+    # (two int64 values >= 0 add up below 2**64), at most MAX_POSITION.
+    if not L0.shape[0] or ((L0 | E).min() >= 0 and (L0 + E).view(np.uint64).max() <= MAX_POSITION):
+        return L0, E
     for name, arr in (("prefix_len", L0), ("extend_len", E)):
         i = _first_bad(arr < 0)
         if i is not None:
