@@ -368,7 +368,7 @@ class OwnerLaneAllocator:
             counts = np.bincount(lanes, minlength=C)  # [C]
             # page k of the sorted order, j-th of its lane r: _stack[_base[r] + _top[r] + counts[r] - 1 - j]
             # with j = k - (pages of lanes below r): one offset per lane, minus k.
-            first = self._base + self._top - 1 + np.cumsum(counts)  # [C]
+            first = self._base + self._top - 1 + np.add.accumulate(counts)  # [C]
             self._stack[first[lanes[order]] - np.arange(pages.shape[0])] = pages[order]
             self._top += counts
         self._taken[pages] = False
