@@ -504,8 +504,8 @@ class OwnerLaneAllocator:
         return phases
 
     def _check_counts(self, counts: np.ndarray) -> None:
-        short = np.flatnonzero(counts > self._top)
-        if short.size:
+        short = (counts > self._top).nonzero()[0]
+        if short.shape[0]:
             r = int(short[0])
             raise LaneExhausted(r, int(counts[r]), int(self._top[r]))
 
@@ -603,8 +603,8 @@ def _extend_slots(plan: BatchPlan, last: np.ndarray, new_pages: np.ndarray) -> n
     ``(new_pages[:, None] * P + arange(P)).ravel()``. Example P=4, pages [5, 2]: [20..23, 8..11].
     """
     P = plan.config.page_size
-    h, m = plan.head_tokens, np.diff(plan.page_indptr)
-    if not h.any() and new_pages.shape[0] * P == plan.num_tokens:  # no head, every last page full
+    h, m = plan.head_tokens, plan.page_indptr[1:] - plan.page_indptr[:-1]
+    if not np.count_nonzero(h) and new_pages.shape[0] * P == plan.num_tokens:  # no head, every last page full
         out = np.empty((new_pages.shape[0], P), dtype=_I64)
         np.multiply(new_pages[:, None], P, out=out)
         out += np.arange(P, dtype=_I64)
@@ -612,12 +612,13 @@ def _extend_slots(plan: BatchPlan, last: np.ndarray, new_pages: np.ndarray) -> n
     # Runs: per request a head run (maybe empty), then one run per new page.
     head_pos = plan.page_indptr[:-1] + np.arange(m.shape[0], dtype=_I64)  # [B] run of each head
     start = np.empty(new_pages.shape[0] + m.shape[0], dtype=_I64)
-    length = np.full(start.shape[0], P, dtype=_I64)
+    length = np.empty(start.shape[0], dtype=_I64)
+    length.fill(P)
     is_page = np.ones(start.shape[0], dtype=bool)
     is_page[head_pos] = False
-    start[head_pos], length[head_pos] = last + 1, h
     start[is_page] = new_pages * P
-    end = plan.prefix_lens + plan.extend_lens
-    has = m > 0
-    length[(head_pos + m)[has]] = (end - (-(-end // P) - 1) * P)[has]  # the last page: up to L0 + E
+    # A request's last page holds its t = E - h tokens past the head up to L0 + E: it lacks (-t) % P. Written
+    # before the heads: a request without new pages has its head run there (t = 0), set next.
+    length[head_pos + m] = P - (h - plan.extend_lens) % P
+    start[head_pos], length[head_pos] = last + 1, h
     return expand_runs(start, length)

@@ -218,13 +218,15 @@ class BatchPlan:
     @cached_property
     def _position_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         runs = self.token_runs
+        R = runs.length.shape[0]
         flat_start = np.add.accumulate(runs.length) - runs.length
-        a = self.prefix_lens[runs.req] + flat_start - self.extend_indptr[:-1][runs.req]
-        new = np.ones(runs.length.shape[0], dtype=bool)  # empty runs were dropped: every run has tokens
-        new[1:] = (runs.req[1:] != runs.req[:-1]) | (runs.owner[1:] != runs.owner[:-1])
-        first = np.flatnonzero(new)
-        last = np.append(first[1:], runs.length.shape[0])[: first.shape[0]] - 1
-        out = runs.owner[first], a[first], (a + runs.length)[last]
+        a = (self.prefix_lens - self.extend_indptr[:-1])[runs.req] + flat_start  # [R] first position of each run
+        new = np.empty(R + 1, dtype=bool)  # new[j]: run j starts a merged run (empty runs were dropped)
+        new[0] = new[R] = True
+        np.not_equal(runs.req[1:], runs.req[:-1], out=new[1:R])
+        new[1:R] |= runs.owner[1:] != runs.owner[:-1]
+        first = new.nonzero()[0]  # [R' + 1]: each merged run's first run, then R
+        out = runs.owner[first[:-1]], a[first[:-1]], (a + runs.length)[first[1:] - 1]
         for arr in out:
             arr.setflags(write=False)
         return out
@@ -649,11 +651,13 @@ def expand_runs(run_start: np.ndarray, length: np.ndarray, step: int = 1) -> np.
     Example starts [10, 50], lengths [2, 3], step 1 -> [10, 11, 50, 51, 52]; step -1 -> [10, 9, 50, 49, 48].
     """
     flat_start = np.add.accumulate(length) - length  # [R] first output index of each run
-    out = np.repeat(run_start - step * flat_start, length)
+    out = np.repeat(run_start - flat_start if step > 0 else run_start + flat_start, length)
+    ramp = np.add if step > 0 else np.subtract
     for i in range(0, out.shape[0], _RAMP.shape[0]):  # cache-sized blocks: out[t] += step * t
         block = out[i : i + _RAMP.shape[0]]
-        (np.add if step > 0 else np.subtract)(block, _RAMP[: block.shape[0]], out=block)
-        block += step * i
+        ramp(block, _RAMP[: block.shape[0]], out=block)
+        if i:
+            block += step * i
     return out
 
 
