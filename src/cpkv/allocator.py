@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from itertools import accumulate
 
 import numpy as np
 
@@ -27,11 +28,10 @@ from .planner import (
     _plan_checked,
     expand_runs,
     offsets_within_key,
-    zigzag_rank_pages,
 )
 from .single_page import SinglePageTables, alloc_single_page
 
-_I64 = np.int64
+_I64, _U64 = np.int64, np.uint64
 
 
 class OwnerLaneAllocator:
@@ -106,13 +106,14 @@ class OwnerLaneAllocator:
             [np.arange(q - 1, -1 if r else 0, -1, dtype=_I64) * C + r for r, q in enumerate(caps)]
         )
         self._top = usable.copy()  # [C] free pages
-        # Free bitmap [num_pages + 1]: the extra last entry (never free) is where the single-page path's
-        # clipped out-of-range page ids land.
-        self._free = np.zeros(self.num_pages + 1, dtype=bool)
-        self._free[self._stack] = True
-        self._single = SinglePageTables(config.page_size, C, self.lane_pages)
+        # Bitmaps [num_pages + 1]: _usable, the page exists and is not page 0; _taken, it is handed out (a
+        # checked page to free or extend is one lookup). The extra last entry (neither) is where clipped
+        # out-of-range page ids land.
+        ids = np.arange(self.num_pages, dtype=_I64)
+        self._usable = np.append((ids // C < self.lane_pages[ids % C]) & (ids != 0), False)
+        self._taken = np.zeros(self.num_pages + 1, dtype=bool)
+        self._single = SinglePageTables(config.page_size, self.num_pages)
         self.capacity_per_lane = self._top.copy()  # [C] usable pages
-        self._equal_lanes = bool((self.lane_pages == self.pages_per_lane).all())  # every id < num_pages exists
         self._changes = 0  # calls that took or freed pages (a kept plan's last_locs are checked again after one)
         self._memo = PlanMemo()  # plans of plan_extend, for the alloc_extend that follows
 
@@ -156,7 +157,7 @@ class OwnerLaneAllocator:
     def is_free(self, pages) -> np.ndarray:
         """Bool ``[n]``: whether each page id is currently free (ids must be in ``[0, num_pages)``)."""
         pages = self._pages_array(pages)
-        return self._free[pages]
+        return self._usable[pages] > self._taken[pages]  # exists and not handed out
 
     def state_digest(self) -> str:
         """SHA-256 hex of the full free-list state; equal on every rank that replayed the same calls."""
@@ -352,7 +353,12 @@ class OwnerLaneAllocator:
         if pages.size == 0:
             return
         C = self.config.cp_size
-        if C == 1:
+        if pages.shape[0] == 1:  # one page (a request's last partial page): no sort
+            p = int(pages[0])
+            r = p % C
+            self._stack[self._base[r] + self._top[r]] = p
+            self._top[r] += 1
+        elif C == 1:
             top = int(self._top[0])
             self._stack[top : top + pages.shape[0]] = pages[::-1]
             self._top[0] += pages.shape[0]
@@ -362,34 +368,30 @@ class OwnerLaneAllocator:
             counts = np.bincount(lanes, minlength=C)  # [C]
             # page k of the sorted order, j-th of its lane r: _stack[_base[r] + _top[r] + counts[r] - 1 - j]
             # with j = k - (pages of lanes below r): one offset per lane, minus k.
-            first = self._base + self._top + counts - 1 + (np.cumsum(counts) - counts)  # [C]
+            first = self._base + self._top - 1 + np.add.accumulate(counts)  # [C]
             self._stack[first[lanes[order]] - np.arange(pages.shape[0])] = pages[order]
             self._top += counts
-        self._free[pages] = True
+        self._taken[pages] = False
         self._changes += 1
-
-    def _held(self, pages: np.ndarray) -> np.ndarray:
-        """Bool ``[n]``: page is handed out (exists on its lane and is not free); page 0 never is."""
-        if self._equal_lanes:  # every id below num_pages exists (the callers checked the range)
-            return ~self._free[pages] & (pages != 0)
-        C = self.config.cp_size
-        return ~self._free[pages] & (pages // C < self.lane_pages[pages % C]) & (pages != 0)
 
     def _check_held(self, pages: np.ndarray, what: str = "cannot free") -> None:
         """AllocatorError (``"{what} page {p}: {why}"``) unless every page is handed out and listed once:
         not page 0, not free, not beyond its lane's capacity, no duplicate."""
-        if self._held(pages).all():  # the common case: one pass, then the duplicates on a sorted copy
+        n = pages.shape[0]
+        if np.count_nonzero(self._taken[pages]) == n:  # the common case: one lookup, then duplicates on a sorted copy
+            if n < 2:
+                return
             ordered = np.sort(pages)
-            if not (ordered[1:] == ordered[:-1]).any():
+            if not np.count_nonzero(ordered[1:] == ordered[:-1]):
                 return
         C = self.config.cp_size
         bad = pages[pages == 0]
         if bad.size:
             raise AllocatorError(f"{what} page 0: it is reserved for padding writes")
-        bad = pages[~self._held(pages)]
+        bad = pages[~self._taken[pages]]
         if bad.size:
             p = int(bad[0])
-            why = "it is already free (double free)" if self._free[p] else f"beyond lane {p % C}'s capacity"
+            why = "it is already free (double free)" if self._usable[p] else f"beyond lane {p % C}'s capacity"
             raise AllocatorError(f"{what} page {p}: {why}")
         uniq, cnt = np.unique(pages, return_counts=True)
         if (cnt > 1).any():
@@ -400,7 +402,7 @@ class OwnerLaneAllocator:
             arr = _as_int_array("pages", pages, None)
         except PlanError as e:
             raise AllocatorError(str(e)) from None
-        if arr.shape[0] and (arr.min() < 0 or arr.max() >= self.num_pages):
+        if arr.shape[0] and arr.view(_U64).max() >= self.num_pages:  # a negative id wraps to a huge one
             bad = arr[(arr < 0) | (arr >= self.num_pages)]
             raise AllocatorError(f"page id {int(bad[0])} out of range [0, {self.num_pages})")
         return arr
@@ -432,7 +434,7 @@ class OwnerLaneAllocator:
         _check_shared_heads(L0, E, last, self.config.page_size)
         phases = self._balanced_phases(L0, E) if balanced else None
         kept = self._memo.kept(key) if balanced else None  # made with other free pages: same phases, same plan
-        if kept is not None and np.array_equal(kept.request_phases, phases):
+        if kept is not None and kept.request_phases.tobytes() == phases.tobytes():
             plan = kept
         else:
             plan = _plan_checked(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True)
@@ -442,13 +444,15 @@ class OwnerLaneAllocator:
     def _head_owners(self, L0: np.ndarray, last: np.ndarray) -> np.ndarray:
         """Validate ``last_locs`` against ``prefix_lens`` (C-FAIL-FAST) and return lanes (-1: none)."""
         P, C = self.config.page_size, self.config.cp_size
+        # All valid: last_loc = -1 exactly where prefix_len = 0 (the xor), else on a handed-out page (an id out of
+        # the pool clips onto page 0 or the spare last entry, never taken) with (last_loc + 1) % P = prefix_len % P.
+        nxt = last + 1
+        page = last // P
+        ok = (self._taken.take(page, mode="clip") | (nxt == 0)) & (nxt % P == L0 % P)
+        if np.count_nonzero(ok) == L0.shape[0] and not np.count_nonzero(np.logical_xor(L0, nxt)):
+            return np.where(nxt != 0, page % C, -1)
         none = L0 <= 0
         has = ~none
-        ok = (last >= P) & (last < self.num_pages * P) & ((last + 1) % P == L0 % P)
-        if np.where(has, ok, last == -1).all():  # all valid so far: one combined check (else the first failure is named below)
-            page = np.where(has, last // P, 0)
-            if (none | self._held(page)).all():
-                return np.where(has, page % C, -1)
         bad = np.flatnonzero(none & (last != -1))
         if bad.size:
             i = int(bad[0])
@@ -468,11 +472,11 @@ class OwnerLaneAllocator:
                 f"(last_loc + 1) % {P} = {(int(last[i]) + 1) % P} but prefix_len % {P} = {int(L0[i]) % P}"
             )
         page = np.where(has, last // P, 0)
-        bad = np.flatnonzero(has & ~self._held(page))
+        bad = np.flatnonzero(has & ~self._taken[page])
         if bad.size:
             i = int(bad[0])
             p = int(page[i])
-            why = "is free" if self._free[p] else f"does not exist (lane {p % C} holds {self.lane_pages[p % C]} pages)"
+            why = "is free" if self._usable[p] else f"does not exist (lane {p % C} holds {self.lane_pages[p % C]} pages)"
             raise AllocatorError(f"request {i}: last_loc={int(last[i])} lies on page {p}, which {why}")
         return np.where(has, page % C, -1)
 
@@ -493,26 +497,15 @@ class OwnerLaneAllocator:
         phases = rotation.copy()
         if C == 1:
             return phases
-        rows = np.flatnonzero(m)
-        if not rows.shape[0]:
-            return phases
-        free = self._top.copy()  # [C]
-        roll, cyclic = _phase_tables(C)
-        lane_pages = zigzag_rank_pages(m[rows], C)[:, roll]  # [k, f, r] n_r(f) of each request with pages
-        for n, i in zip(lane_pages, rows.tolist(), strict=True):
-            tight = np.minimum.reduce(free - n, axis=1)  # [f] criterion 1 (ufunc reduce: no method wrapper)
-            spread = n @ free  # [f] criterion 2
-            best = tight == np.maximum.reduce(tight)
-            best &= spread == np.maximum.reduce(spread[best])
-            order = cyclic[rotation[i]]
-            f = int(order[best[order].argmax()])  # the first best phase at or after the rotation phase
-            phases[i] = f
-            free -= n[f]
+        rows = m.nonzero()[0]
+        free = self._top.tolist()  # [C] Python ints: a few requests of C lanes cost less than numpy calls
+        for i, pages, f in zip(rows.tolist(), m[rows].tolist(), rotation[rows].tolist(), strict=True):
+            phases[i] = _balanced_phase(free, pages, f)
         return phases
 
     def _check_counts(self, counts: np.ndarray) -> None:
-        short = np.flatnonzero(counts > self._top)
-        if short.size:
+        short = (counts > self._top).nonzero()[0]
+        if short.shape[0]:
             r = int(short[0])
             raise LaneExhausted(r, int(counts[r]), int(self._top[r]))
 
@@ -539,7 +532,7 @@ class OwnerLaneAllocator:
     def _commit(self, pages: np.ndarray, counts: np.ndarray) -> None:
         """Take the pages ``_pick`` chose: pop ``counts[r]`` pages off every lane's stack."""
         self._top -= counts
-        self._free[pages] = False
+        self._taken[pages] = True
         self._changes += 1
 
 
@@ -549,7 +542,7 @@ def _check_shared_heads(L0: np.ndarray, E: np.ndarray, last: np.ndarray, P: int)
     tokens would take the same slots. A page holds one sequence's next tokens; a scheduler that shares a
     partly filled prefix page copies it first (requests that share whole pages are fine).
     Example P=4: ``alloc_extend([6, 6], [1, 1], [9, 9])`` would give both requests slot 10."""
-    rows = np.flatnonzero((L0 % P != 0) & (E > 0))
+    rows = ((L0 % P != 0) & (E > 0)).nonzero()[0]
     if rows.shape[0] < 2:
         return
     page = last[rows] // P
@@ -564,20 +557,42 @@ def _check_shared_heads(L0: np.ndarray, E: np.ndarray, last: np.ndarray, P: int)
         )
 
 
-_PHASE_TABLES: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+def _balanced_phase(free: list[int], m: int, rotation: int) -> int:
+    """C-BALANCED phase of one request of ``m >= 1`` new pages given ``free``, each lane's free pages
+    (``C`` ints, lowered here by the request's pages on each lane), and its ``rotation`` phase.
 
-
-def _phase_tables(C: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(roll, cyclic)``, int64 ``[C, C]`` read-only, made once per cp_size: ``roll[f, r] = (r - f) % C``
-    is the zigzag rank whose pages land on lane r under phase f; ``cyclic[q] = (q, q+1, ..) % C`` lists
-    the phases from rotation phase q on (C-BALANCED criterion 3)."""
-    got = _PHASE_TABLES.get(C)
-    if got is None:
-        r = np.arange(C, dtype=_I64)
-        got = _PHASE_TABLES[C] = ((r[None, :] - r[:, None]) % C, (r[None, :] + r[:, None]) % C)
-        for arr in got:
-            arr.setflags(write=False)
-    return got
+    C-ZIGZAG gives zigzag rank z ``2 * (m // 2C) + [z < m % 2C] + [2C-1-z < m % 2C]`` pages: k pages on every
+    rank plus one on a cyclic window of ``w < C`` consecutive ranks from rank s. With ``rem = m % 2C``:
+    ``rem < C``: ``k = 2 * (m // 2C)``, window ranks ``[0, rem)``; ``rem >= C``: ``k = 2 * (m // 2C) + 1``,
+    window ranks ``[2C - rem, C)``. Phase f puts rank z on lane ``(z + f) % C``, so the window covers lanes
+    ``g .. g + w - 1`` (mod C) from ``g = (f + s) % C``. Criterion 1, ``min_r(free_r - n_r(f))``, is then
+    ``min(free) - k - 1`` when the window holds a least-free lane, else ``min(free) - k``; criterion 2,
+    ``sum_r n_r(f) * free_r``, is ``k * sum(free)`` plus the window's free pages; criterion 3 takes the
+    first best phase cyclically from ``rotation``. O(C) integer work, no [C, C] table.
+    Example C=4, free [7, 8, 8, 8], m=3, rotation 0: the window is 3 lanes from lane f; only phase 1
+    (lanes 1, 2, 3) leaves out lane 0, the least free -> phase 1, free [7, 7, 7, 7].
+    """
+    C = len(free)
+    k, rem = divmod(m, 2 * C)
+    k, w, s = (2 * k, rem, 0) if rem < C else (2 * k + 1, rem - C, 2 * C - rem)  # rem = C: k + 1 everywhere
+    f = rotation
+    if w:  # else every lane takes k pages: all phases tie
+        least = min(free)
+        twice = free + free
+        wsum = list(accumulate(twice, initial=0))  # window [g, g + w) holds wsum[g + w] - wsum[g] free pages
+        lows = list(accumulate([v == least for v in twice], initial=0))  # least-free lanes likewise
+        best = None
+        for d in range(C):
+            g = (rotation + d + s) % C
+            key = (lows[g + w] == lows[g], wsum[g + w] - wsum[g])
+            if best is None or key > best:
+                best, f = key, (rotation + d) % C
+        g = (f + s) % C
+        for j in range(g, g + w):
+            free[j if j < C else j - C] -= 1
+    if k:
+        free[:] = [v - k for v in free]
+    return f
 
 
 def _extend_slots(plan: BatchPlan, last: np.ndarray, new_pages: np.ndarray) -> np.ndarray:
@@ -588,8 +603,8 @@ def _extend_slots(plan: BatchPlan, last: np.ndarray, new_pages: np.ndarray) -> n
     ``(new_pages[:, None] * P + arange(P)).ravel()``. Example P=4, pages [5, 2]: [20..23, 8..11].
     """
     P = plan.config.page_size
-    h, m = plan.head_tokens, np.diff(plan.page_indptr)
-    if not h.any() and new_pages.shape[0] * P == plan.num_tokens:  # no head, every last page full
+    h, m = plan.head_tokens, plan.page_indptr[1:] - plan.page_indptr[:-1]
+    if not np.count_nonzero(h) and new_pages.shape[0] * P == plan.num_tokens:  # no head, every last page full
         out = np.empty((new_pages.shape[0], P), dtype=_I64)
         np.multiply(new_pages[:, None], P, out=out)
         out += np.arange(P, dtype=_I64)
@@ -597,12 +612,13 @@ def _extend_slots(plan: BatchPlan, last: np.ndarray, new_pages: np.ndarray) -> n
     # Runs: per request a head run (maybe empty), then one run per new page.
     head_pos = plan.page_indptr[:-1] + np.arange(m.shape[0], dtype=_I64)  # [B] run of each head
     start = np.empty(new_pages.shape[0] + m.shape[0], dtype=_I64)
-    length = np.full(start.shape[0], P, dtype=_I64)
+    length = np.empty(start.shape[0], dtype=_I64)
+    length.fill(P)
     is_page = np.ones(start.shape[0], dtype=bool)
     is_page[head_pos] = False
-    start[head_pos], length[head_pos] = last + 1, h
     start[is_page] = new_pages * P
-    end = plan.prefix_lens + plan.extend_lens
-    has = m > 0
-    length[(head_pos + m)[has]] = (end - (-(-end // P) - 1) * P)[has]  # the last page: up to L0 + E
+    # A request's last page holds its t = E - h tokens past the head up to L0 + E: it lacks (-t) % P. Written
+    # before the heads: a request without new pages has its head run there (t = 0), set next.
+    length[head_pos + m] = P - (h - plan.extend_lens) % P
+    start[head_pos], length[head_pos] = last + 1, h
     return expand_runs(start, length)

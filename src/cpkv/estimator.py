@@ -37,10 +37,11 @@ def mqa_logits_elements(plan: BatchPlan | RequestPlan) -> np.ndarray:
     else:
         raise TypeError(f"mqa_logits_elements needs a BatchPlan or a RequestPlan, got {type(plan).__name__}")
     owner, a, b = plan.position_runs()
-    approx = np.bincount(owner, weights=(b - a).astype(np.float64) * b, minlength=C)
-    if approx.size and approx.max() >= 2.0**63:
-        raise PlanError(f"MQA-logits estimate overflows int64: about {approx.max():.3e} elements on one rank")
-    if approx.size and approx.max() >= 2.0**53:  # float sums may round: add exactly in int64
+    approx = np.bincount(owner, weights=np.multiply(b - a, b, dtype=np.float64), minlength=C)  # [C], C >= 1
+    most = float(np.maximum.reduce(approx))
+    if most >= 2.0**63:
+        raise PlanError(f"MQA-logits estimate overflows int64: about {most:.3e} elements on one rank")
+    if most >= 2.0**53:  # float sums may round: add exactly in int64
         out = np.zeros(C, dtype=np.int64)
         np.add.at(out, owner, (b - a) * b)
         return out

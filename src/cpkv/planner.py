@@ -218,13 +218,15 @@ class BatchPlan:
     @cached_property
     def _position_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         runs = self.token_runs
-        flat_start = np.cumsum(runs.length) - runs.length
-        a = self.prefix_lens[runs.req] + flat_start - self.extend_indptr[:-1][runs.req]
-        new = np.ones(runs.length.shape[0], dtype=bool)  # empty runs were dropped: every run has tokens
-        new[1:] = (runs.req[1:] != runs.req[:-1]) | (runs.owner[1:] != runs.owner[:-1])
-        first = np.flatnonzero(new)
-        last = np.append(first[1:], runs.length.shape[0])[: first.shape[0]] - 1
-        out = runs.owner[first], a[first], (a + runs.length)[last]
+        R = runs.length.shape[0]
+        flat_start = np.add.accumulate(runs.length) - runs.length
+        a = (self.prefix_lens - self.extend_indptr[:-1])[runs.req] + flat_start  # [R] first position of each run
+        new = np.empty(R + 1, dtype=bool)  # new[j]: run j starts a merged run (empty runs were dropped)
+        new[0] = new[R] = True
+        np.not_equal(runs.req[1:], runs.req[:-1], out=new[1:R])
+        new[1:R] |= runs.owner[1:] != runs.owner[:-1]
+        first = new.nonzero()[0]  # [R' + 1]: each merged run's first run, then R
+        out = runs.owner[first[:-1]], a[first[:-1]], (a + runs.length)[first[1:] - 1]
         for arr in out:
             arr.setflags(write=False)
         return out
@@ -406,9 +408,10 @@ def _lengths(prefix_lens, extend_lens, first_index: int = 0) -> tuple[np.ndarray
     """``(prefix_lens, extend_lens)`` as int64 ``[B]`` arrays; PlanError naming the request and value."""
     L0 = _as_int_array("prefix_lens", prefix_lens, None)
     E = _as_int_array("extend_lens", extend_lens, L0.shape[0])
-    if not L0.shape[0] or (L0.min() >= 0 and E.min() >= 0 and L0.max() <= MAX_POSITION and E.max() <= MAX_POSITION
-                           and (L0 + E).max() <= MAX_POSITION):  # fmt: skip
-        return L0, E  # all valid (the checks below find the first bad request otherwise)
+    # All valid (else the checks below find the first bad request): both >= 0, then their sum, exact as uint64
+    # (two int64 values >= 0 add up below 2**64), at most MAX_POSITION.
+    if not L0.shape[0] or ((L0 | E).min() >= 0 and (L0 + E).view(np.uint64).max() <= MAX_POSITION):
+        return L0, E
     for name, arr in (("prefix_len", L0), ("extend_len", E)):
         i = _first_bad(arr < 0)
         if i is not None:
@@ -460,7 +463,7 @@ def _exact_sum(values: np.ndarray) -> int:
 
 def _first_bad(mask: np.ndarray) -> int | None:
     """Index of the first True of the bool ``mask``, None when there is none."""
-    return int(mask.argmax()) if mask.any() else None
+    return int(mask.argmax()) if np.count_nonzero(mask) else None
 
 
 def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index: int) -> BatchPlan:
@@ -505,19 +508,13 @@ def _plan_checked(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owner
     else:
         phase = (L0 // P + req_idx) % C
 
-    m, seg_pages, seg_owner = _zigzag_segments(L0, E, phase, C, P)
-    page_indptr = _indptr(m)
-    page_owners = np.repeat(seg_owner.ravel(), seg_pages.ravel())
-    runs = _token_runs(L0, E, h, head, m, seg_pages, seg_owner, P)
+    head = np.where(h > 0, head, -1)  # a head owner is recorded only where head tokens exist (C-HEAD)
+    m, page_owners, runs, last_owner = _runs(E, h, head, phase, C, P)
     per_req = np.bincount(runs.req * C + runs.owner, weights=runs.length, minlength=B * C)
     per_req = per_req.astype(_I64).reshape(B, C)
-    per_rank = per_req.sum(axis=0, dtype=_I64)
-    max_rank = int(per_rank.max()) if C else 0
-
-    head = np.where(h > 0, head, -1)  # a head owner is recorded only where head tokens exist (C-HEAD)
-    # Last token's owner: the last new page's owner, else the head owner (all tokens are head), else -1.
-    last_page = page_owners[np.maximum(page_indptr[1:] - 1, 0)] if page_owners.size else np.zeros(B, _I64)
-    last_owner = np.where(m > 0, last_page, head)
+    per_rank = np.add.reduce(per_req, axis=0)
+    max_rank = max(per_rank.tolist(), default=0)
+    page_indptr = _indptr(m)
     arrays = dict(
         prefix_lens=L0, extend_lens=E, head_owners=head, request_phases=phase, page_owners=page_owners,
         page_indptr=page_indptr, extend_indptr=_indptr(E), head_tokens=h, per_request_rank_tokens=per_req,
@@ -530,7 +527,7 @@ def _plan_checked(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owner
 
 def _indptr(counts: np.ndarray) -> np.ndarray:
     out = np.zeros(counts.shape[0] + 1, dtype=_I64)
-    np.cumsum(counts, out=out[1:])
+    np.add.accumulate(counts, out=out[1:])  # np.cumsum costs a few us more per call
     return out
 
 
@@ -555,39 +552,69 @@ def zigzag_rank_pages(num_pages: np.ndarray, cp_size: int) -> np.ndarray:
     return 2 * base[:, None] + (z < rem[:, None]) + (2 * C - 1 - z < rem[:, None])
 
 
-def _zigzag_segments(L0, E, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """C-ZIGZAG at segment granularity: ``(m, seg_pages, seg_owner)``: new pages int64 ``[B]``, and the pages
-    and owner of every segment, int64 ``[B, 2C]``.
+def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, TokenRuns, np.ndarray]:
+    """C-HEAD and C-ZIGZAG at run granularity: ``(m, page_owners, runs, last_token_owner)``: new pages int64
+    ``[B]``, the owner of every new page int64 ``[sum m]``, the ``TokenRuns`` and each request's last token's
+    owner int64 ``[B]`` (-1 when E == 0). ``E``, ``h`` (head tokens), ``head`` (recorded head owner, -1
+    where h == 0) and ``phase`` are int64 ``[B]``.
 
-    A request with m new pages has 2C segments of ``m // 2C`` pages, the first ``m % 2C`` one page more;
-    segment s goes to zigzag rank ``z = s if s < C else 2C-1-s`` and its owner is ``(z + phase) % C``.
-    Page owners are ``np.repeat(seg_owner, seg_pages)`` row by row: no per-page arithmetic.
-    Example C=4, m=16, phase 0: seg_pages [2]*8, seg_owner [0,1,2,3,3,2,1,0]
-    -> page owners [0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0].
+    Per request a table row of 2C + 1 runs: column 0 its head run (h tokens, no new page), then its 2C
+    zigzag segments. The ``t = E - h`` tokens after the head start a new page, so ``m = ceil(t / P)``;
+    segment s holds ``m // 2C`` pages, one more for the first ``m % 2C``, goes to zigzag rank
+    ``z = s if s < C else 2C-1-s`` and is owned by lane ``(z + phase) % C`` (both from tables made once per
+    cp_size). A segment holds ``P * pages`` tokens, except the request's last non-empty one (column
+    ``min(m, 2C)``; segments fill in order), which lacks ``(-t) % P`` tokens; that column's owner owns the last
+    token (the head's when m == 0). Page owners are ``np.repeat`` of the owners by the pages: no per-page
+    arithmetic; empty runs are dropped. Example P=64, C=2, L0=100, E=200, head owner 1, phase 1: h=28, m=3,
+    segments [1, 1, 1, 0] on ranks [1, 0, 1, 0] -> runs (rank, tokens) (1, 28), (1, 64), (0, 64), (1, 44);
+    C=4, m=16, phase 0: page owners [0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0].
     """
-    first_new = -(-L0 // P)  # ceil(L0 / P): the partly filled prefix page is not new
-    m = -(-(L0 + E) // P) - first_new  # [B] new pages
-    s, z = _segments(C)  # [2C] segment ids and their zigzag ranks
-    base, rem = np.divmod(m, 2 * C)
-    seg_pages = base[:, None] + (s < rem[:, None])
-    owner = z + phase[:, None]  # z + phase, in [0, 2C)
-    np.subtract(owner, C, out=owner, where=owner >= C)  # mod C (numpy's integer remainder is slow)
-    return m, seg_pages, owner
+    B, S = E.shape[0], 2 * C
+    t = E - h  # [B] tokens on new pages
+    m = -(-t // P)  # [B] new pages
+    base, rem = np.divmod(m, S)
+    fill, lanes = _segment_tables(C)
+    pages = fill[rem]  # [B, S + 1] (a new array) pages per run: [0, (s < m % 2C) for each segment s] ...
+    pages += base[:, None]  # ... plus m // 2C
+    pages[:, 0] = 0  # ... and none for the head run
+    owner = lanes[phase]  # [B, S + 1]: [-, (z_s + phase) % C for each segment s]
+    owner[:, 0] = head
+    length = pages * P
+    length[:, 0] = h
+    last = np.minimum(m, S)  # [B] column of each request's last run, as a flat index:
+    last += _ROWS[: B * (S + 1) : S + 1] if B * (S + 1) <= _ROWS.shape[0] else np.arange(0, B * (S + 1), S + 1)
+    flat_len = length.ravel()
+    flat_len[last] -= -t % P
+    keep = (flat_len > 0).nonzero()[0]  # flat (request, run) index of every non-empty run
+    flat_owner = owner.ravel()
+    runs = TokenRuns(req=keep // (S + 1), owner=flat_owner.take(keep), length=flat_len.take(keep),
+                     pages=pages.ravel().take(keep))  # fmt: skip
+    return m, np.repeat(flat_owner, pages.ravel()), runs, flat_owner.take(last)
 
 
-_SEGMENTS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_SEGMENT_TABLES: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _segments(C: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(s, z)``, int64 ``[2C]`` read-only: segment ids 0..2C-1 and each one's zigzag rank
-    (``s if s < C else 2C-1-s``), made once per cp_size."""
-    got = _SEGMENTS.get(C)
+def _segment_tables(C: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(fill, lanes)``, int64 ``[2C, 2C+1]`` and ``[C, 2C+1]``, read-only, made once per cp_size: per run
+    column (0: the head run, 1 + s: segment s) ``fill[r, 1 + s] = [s < r]`` and ``lanes[f, 1 + s] = (z + f) % C``
+    with zigzag rank ``z = s if s < C else 2C-1-s``; column 0 is 0."""
+    got = _SEGMENT_TABLES.get(C)
     if got is None:
         s = np.arange(2 * C, dtype=_I64)
-        got = _SEGMENTS[C] = (s, np.where(s < C, s, 2 * C - 1 - s))
+        z = np.where(s < C, s, 2 * C - 1 - s)
+        fill = np.zeros((2 * C, 2 * C + 1), dtype=_I64)
+        fill[:, 1:] = s[None, :] < s[:, None]
+        lanes = np.zeros((C, 2 * C + 1), dtype=_I64)
+        lanes[:, 1:] = (z[None, :] + s[:C, None]) % C
+        got = _SEGMENT_TABLES[C] = (fill, lanes)
         for arr in got:
             arr.setflags(write=False)
     return got
+
+
+_ROWS = np.arange(1 << 14, dtype=_I64)
+_ROWS.setflags(write=False)
 
 
 @dataclass(frozen=True)
@@ -623,43 +650,19 @@ def expand_runs(run_start: np.ndarray, length: np.ndarray, step: int = 1) -> np.
     One repeat of the run offsets, then a ramp added in place: no loop over runs, no full-size temporary.
     Example starts [10, 50], lengths [2, 3], step 1 -> [10, 11, 50, 51, 52]; step -1 -> [10, 9, 50, 49, 48].
     """
-    flat_start = np.cumsum(length) - length  # [R] first output index of each run
-    out = np.repeat(run_start - step * flat_start, length)
+    flat_start = np.add.accumulate(length) - length  # [R] first output index of each run
+    out = np.repeat(run_start - flat_start if step > 0 else run_start + flat_start, length)
+    ramp = np.add if step > 0 else np.subtract
     for i in range(0, out.shape[0], _RAMP.shape[0]):  # cache-sized blocks: out[t] += step * t
         block = out[i : i + _RAMP.shape[0]]
-        (np.add if step > 0 else np.subtract)(block, _RAMP[: block.shape[0]], out=block)
-        block += step * i
+        ramp(block, _RAMP[: block.shape[0]], out=block)
+        if i:
+            block += step * i
     return out
 
 
 _RAMP = np.arange(1 << 16, dtype=_I64)  # 512 KiB, fits in L2
 _RAMP.setflags(write=False)
-
-
-def _token_runs(L0, E, h, head, m, seg_pages, seg_owner, P: int) -> TokenRuns:
-    """Per request: a head run of h tokens, then one run per zigzag segment; empty runs dropped.
-
-    A segment holds ``P * pages`` tokens except the request's last non-empty segment, which ends at
-    ``prefix_len + extend_len``: it lacks ``end * P - (L0 + E)`` tokens (``end = ceil((L0 + E) / P)``).
-    Example P=64, C=2, L0=100, E=200 (head owner 1, phase 1): head 28 tokens on rank 1; pages 2, 3, 4 in
-    segments [1, 1, 1, 0] on ranks [1, 0, 1, 0] -> runs (rank, tokens) (1, 28), (1, 64), (0, 64), (1, 44).
-    """
-    B, S = seg_pages.shape  # S = 2C segments
-    length = np.empty((B, S + 1), dtype=_I64)
-    length[:, 0] = h
-    np.multiply(seg_pages, P, out=length[:, 1:])
-    last_seg = np.minimum(m, S)  # column of the last non-empty segment (0: none): segments fill in order
-    short = -(L0 + E) % P  # [B] tokens the last page lacks: ceil((L0 + E) / P) * P - (L0 + E)
-    short *= m > 0  # rows without pages: 0 off their head run
-    length[np.arange(B), last_seg] -= short
-    owner = np.empty((B, S + 1), dtype=_I64)
-    owner[:, 0] = head
-    owner[:, 1:] = seg_owner
-    pages = np.zeros((B, S + 1), dtype=_I64)
-    pages[:, 1:] = seg_pages
-    keep = np.flatnonzero(length.ravel() > 0)  # flat (request, run) index of every non-empty run
-    return TokenRuns(req=keep // (S + 1), owner=owner.ravel().take(keep), length=length.ravel().take(keep),
-                     pages=pages.ravel().take(keep))  # fmt: skip
 
 
 def _gather_index(runs: TokenRuns, per_rank: np.ndarray, M: int) -> np.ndarray:
@@ -682,7 +685,7 @@ def offsets_within_key(key: np.ndarray, length: np.ndarray, key_totals: np.ndarr
     sort_key = key.astype(np.int16) if key_totals.shape[0] <= _INT16_MAX else key
     order = np.argsort(sort_key, kind="stable")
     sorted_len = length[order]
-    key_start = np.cumsum(key_totals) - key_totals
+    key_start = np.add.accumulate(key_totals) - key_totals
     out = np.empty_like(length)
-    out[order] = np.cumsum(sorted_len) - sorted_len - key_start[key[order]]
+    out[order] = np.add.accumulate(sorted_len) - sorted_len - key_start[key[order]]
     return out

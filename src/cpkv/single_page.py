@@ -46,18 +46,12 @@ class SinglePageTables:
     """Per-allocator constants of the single-page path (built once by ``OwnerLaneAllocator``).
 
     Attributes:
-        usable: bool ``[num_pages + 1]``, page id -> the page exists and is not page 0; the extra last entry
-            (False) is where out-of-range ids land when clipped. Pairs with the allocator's ``_free`` bitmap, which
-            has the same extra entry.
         P, P_minus_1, one, zero: 0-d int64 arrays. slot_limit: 0-d uint64 ``num_pages * P`` (slots).
         max_prefix: 0-d uint64 ``MAX_POSITION - 1`` (the largest prefix_len that still takes one token).
         stamp: int64 ``[num_pages + 1]`` scratch of ``_pages_repeat`` (contents meaningless between calls).
     """
 
-    def __init__(self, page_size: int, cp_size: int, lane_pages: np.ndarray) -> None:
-        num_pages = cp_size * int(lane_pages.max())
-        ids = np.arange(num_pages, dtype=_I64)
-        self.usable = np.append((ids // cp_size < lane_pages[ids % cp_size]) & (ids != 0), False)
+    def __init__(self, page_size: int, num_pages: int) -> None:
         self.P, self.P_minus_1 = np.array(page_size, dtype=_I64), np.array(page_size - 1, dtype=_I64)
         self.one, self.zero = np.array(1, dtype=_I64), np.array(0, dtype=_I64)
         self.slot_limit = np.array(num_pages * page_size, dtype=_U64)
@@ -138,9 +132,9 @@ def _decode_rows(alloc: OwnerLaneAllocator, L0: np.ndarray, last: np.ndarray) ->
     if _too_big(alloc, L0.shape[0], 1):
         return None
     lm1 = L0 - t.one
-    page = last // t.P  # out-of-range ids clip onto unusable entries (page 0, or the one past the pool)
+    page = last // t.P  # out-of-range ids clip onto entries never taken (page 0, or the one past the pool)
     off = last % t.P
-    ok = (off == lm1 % t.P) & (t.usable.take(page, mode="clip") > alloc._free.take(page, mode="clip"))
+    ok = (off == lm1 % t.P) & alloc._taken.take(page, mode="clip")
     ok &= lm1.view(_U64) < t.max_prefix
     if np.count_nonzero(ok) != L0.shape[0]:
         return None
@@ -164,7 +158,7 @@ def _extend_rows(alloc, L0, E, last) -> tuple[np.ndarray, np.ndarray] | None:
     nxt = last + t.one
     page = last // t.P
     no_page = nxt == t.zero  # last_loc = -1: only right with L0 == 0 (checked by the xor below)
-    held = (t.usable.take(page, mode="clip") > alloc._free.take(page, mode="clip")) | no_page
+    held = alloc._taken.take(page, mode="clip") | no_page
     ok = (nxt % t.P == L0 % t.P) & held
     if np.count_nonzero(ok) != L0.shape[0] or np.logical_xor(L0, nxt).any():
         return None

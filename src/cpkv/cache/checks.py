@@ -25,70 +25,77 @@ def int_array(name: str, values) -> np.ndarray:
 
 def check_lane(lane, cp_size: int) -> int:
     """``lane`` as an int in ``[0, cp_size)``, or PrefixCacheError."""
+    if type(lane) is int and 0 <= lane < cp_size:  # the common case, before the general check
+        return lane
     return config_check_lane("lane", lane, cp_size, PrefixCacheError)
 
 
-class Scratch:
-    """A reusable int64 work buffer that grows as needed (one per cache, never shared between threads):
-    a temporary as large as a prompt's slots costs page faults on every call when freshly allocated."""
+class PageChecker:
+    """The page checks of ``PrefixCache.insert`` against one allocator, with reusable work buffers (one per
+    cache, never shared between threads: a temporary as large as a prompt's slots costs page faults on
+    every call when freshly allocated).
 
-    def __init__(self) -> None:
-        self._buf = np.empty(0, dtype=_I64)
-
-    def get(self, n: int) -> np.ndarray:
-        """``[n]`` int64 of undefined contents, valid until the next ``get``."""
-        if self._buf.shape[0] < n:
-            self._buf = np.empty(max(n, 2 * self._buf.shape[0]), dtype=_I64)
-        return self._buf[:n]
-
-
-def whole_pages(slots: np.ndarray, page_size: int, allocator: OwnerLaneAllocator, scratch: Scratch) -> np.ndarray:
-    """Page ids, int64 ``[k]``, of the slots ``[k * P]`` of k whole pages, checking that page i's slots
-    are ``p*P + 0 .. P-1``, that the page exists and is held (not free, not page 0) and is listed once.
-
-    Example P=4: slots ``[8, 9, 10, 11, 20, 21, 22, 23]`` -> pages ``[2, 5]``. The check subtracts each
-    slot's offset in its page (``d``, which on whole pages repeats each page's first slot P times) and
-    compares ``d`` with that repetition: three passes over the slots, no per-page loop.
+    Args:
+        allocator: the cache's ``OwnerLaneAllocator`` (page size, page range and lane capacities are read
+            once; which pages are free is asked on every call).
     """
-    P = page_size
-    k = slots.shape[0] // P
-    d = np.subtract(slots, _ramp(P, k * P), out=scratch.get(k * P))  # [k * P] whole pages: p*P, P times
-    first = d[::P].copy()  # [k] first slot of each page
-    if not (d.reshape(k, P) == first[:, None]).all() or (first % P).any():
+
+    def __init__(self, allocator: OwnerLaneAllocator) -> None:
+        self.allocator = allocator
+        self.page_size = allocator.config.page_size
+        self.cp_size = allocator.config.cp_size
+        self.num_pages = allocator.num_pages
+        lane_pages = allocator.lane_pages
+        self._lane_pages = None if lane_pages.min() == lane_pages.max() else lane_pages.copy()  # [C] unequal
+        self._ints = np.empty((0, self.page_size), dtype=_I64)  # [rows, P] slots of whole pages
+        self._bools = np.empty((0, self.page_size), dtype=bool)  # [rows, P] mismatch
+        self._ramp = np.empty((0, self.page_size), dtype=_I64)  # [rows, P] offsets in page, read-only
+
+    def whole_pages(self, slots: np.ndarray) -> np.ndarray:
+        """Page ids, int64 ``[k]``, of the slots (int64 ``[k * P]``, contiguous) of k whole pages, checking
+        that page i's slots are ``p*P + 0 .. P-1``, that the page exists and is held (not free, not page
+        0) and that it is listed once; else PrefixCacheError naming the first offending page.
+
+        Example P=4: slots ``[8, 9, 10, 11, 20, 21, 22, 23]`` -> pages ``[2, 5]``. Page i is whole when its
+        slots equal ``p*P + 0 .. P-1`` with ``p = slots[i*P] // P`` (for the first slot: ``slots[i*P] % P
+        == 0``); those rows are built in a reused buffer and compared with the slots at once.
+        """
+        P = self.page_size
+        k = slots.shape[0] // P
         full = slots.reshape(k, P)
-        i = int(np.flatnonzero((full != (full[:, :1] // P * P) + np.arange(P)).any(axis=1))[0])
-        raise PrefixCacheError(f"slots of page {i} (tokens {i * P}..{i * P + P - 1}) are not one whole page: "
-                               f"{full[i, :8].tolist()}...")  # fmt: skip
-    pages = first // P
-    if not pages.size:
+        pages = full[:, 0] // P  # [k]
+        whole = np.add(self._buffers(k), (pages * P)[:, None], out=self._ints[:k])  # [k, P] p*P + 0 .. P-1
+        if np.count_nonzero(np.not_equal(whole, full, out=self._bools[:k])):
+            i = int(np.flatnonzero((full != (full[:, :1] // P * P) + np.arange(P)).any(axis=1))[0])
+            raise PrefixCacheError(f"slots of page {i} (tokens {i * P}..{i * P + P - 1}) are not one whole page: "
+                                   f"{full[i, :8].tolist()}...")  # fmt: skip
+        if not k:
+            return pages
+        if pages.min() <= 0 or pages.max() >= self.num_pages:
+            bad = pages[(pages <= 0) | (pages >= self.num_pages)]
+            raise PrefixCacheError(f"page {int(bad[0])} cannot be cached (page 0 or out of range)")
+        C, lane_pages = self.cp_size, self._lane_pages
+        if lane_pages is not None:  # unequal lanes: an id below C * max(Q) may not exist
+            bad = pages[pages // C >= lane_pages[pages % C]]
+            if bad.size:
+                p = int(bad[0])
+                raise PrefixCacheError(f"page {p} does not exist: lane {p % C} holds {int(lane_pages[p % C])} pages")
+        free = self.allocator.is_free(pages)
+        if np.count_nonzero(free):
+            raise PrefixCacheError(f"page {int(pages[free][0])} is free in the allocator: insert only pages you hold")
+        ordered = pages.copy()
+        ordered.sort()
+        twice = ordered[1:] == ordered[:-1]
+        if np.count_nonzero(twice):
+            raise PrefixCacheError(f"page {int(ordered[1:][twice][0])} is listed more than once")
         return pages
-    if pages.min() <= 0 or pages.max() >= allocator.num_pages:
-        bad = pages[(pages <= 0) | (pages >= allocator.num_pages)]
-        raise PrefixCacheError(f"page {int(bad[0])} cannot be cached (page 0 or out of range)")
-    C, lane_pages = allocator.config.cp_size, allocator.lane_pages
-    if lane_pages.min() != lane_pages.max():  # unequal lanes: an id below C * max(Q) may not exist
-        bad = pages[pages // C >= lane_pages[pages % C]]
-        if bad.size:
-            p = int(bad[0])
-            raise PrefixCacheError(f"page {p} does not exist: lane {p % C} holds {int(lane_pages[p % C])} pages")
-    free = allocator.is_free(pages)
-    if free.any():
-        raise PrefixCacheError(f"page {int(pages[free][0])} is free in the allocator: insert only pages you hold")
-    ordered = np.sort(pages)
-    twice = ordered[1:] == ordered[:-1]
-    if twice.any():
-        raise PrefixCacheError(f"page {int(ordered[1:][twice][0])} is listed more than once")
-    return pages
 
-
-_RAMPS: dict[int, np.ndarray] = {}
-
-
-def _ramp(page_size: int, n: int) -> np.ndarray:
-    """``[n]`` int64 offsets in page, ``0, 1, .., P-1, 0, 1, ..`` (a read-only view of a cached array)."""
-    ramp = _RAMPS.get(page_size)
-    if ramp is None or ramp.shape[0] < n:
-        ramp = np.tile(np.arange(page_size, dtype=_I64), max(n, 1 << 16) // page_size + 1)
-        ramp.setflags(write=False)
-        _RAMPS[page_size] = ramp
-    return ramp[:n]
+    def _buffers(self, k: int) -> np.ndarray:
+        """Grow the work buffers to at least ``k`` rows; returns the ramp ``[k, P]`` (0 .. P-1 in each row)."""
+        if self._ramp.shape[0] < k:
+            rows = max(k, 2 * self._ramp.shape[0], 64)
+            self._ints = np.empty((rows, self.page_size), dtype=_I64)
+            self._bools = np.empty((rows, self.page_size), dtype=bool)
+            self._ramp = np.broadcast_to(np.arange(self.page_size, dtype=_I64), (rows, self.page_size)).copy()
+            self._ramp.setflags(write=False)
+        return self._ramp[:k]

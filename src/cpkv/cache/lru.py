@@ -61,7 +61,8 @@ class LaneLRU:
     def pop(self, lane: int):
         """The evictable run with ``lane``'s least recently used page, taken off its heap (its other entries
         die with it once it is evicted); None when there is none."""
-        self._push_queued()
+        if self._queue:
+            self._push_queued()
         heap, shared, pop, C = self._heaps[lane], self._heaps[-1], heapq.heappop, self.cp_size
         while heap and not self._live(heap[0], lane):
             pop(heap)
@@ -78,22 +79,19 @@ class LaneLRU:
         return node.memo
 
     def _push_queued(self) -> None:
-        if not self._queue:
-            return
-        heaps, push, grown, C = self._heaps, heapq.heappush, set(), self.cp_size
-        for n in self._queue:
-            if n.dev and n.lock_ref == 0 and n.attached and n.pushed != n.stamp:
+        heaps, push, C, memo = self._heaps, heapq.heappush, self.cp_size, self._memo
+        for n in self._queue:  # a run queued again since its push (same stamp) is skipped first
+            if n.pushed != n.stamp and n.dev and n.lock_ref == 0 and n.attached:
                 n.pushed = n.stamp
                 entry = (n.stamp, -n.end, n.nid, n)
-                lanes = (n.memo or self._memo(n))[1]
+                lanes = (n.memo or memo(n))[1]
                 if len(lanes) == C:
-                    lanes = (C,)  # the shared heap
-                for r in lanes:
-                    push(heaps[r], entry)
-                grown.update(lanes)
+                    push(heaps[C], entry)  # the shared heap
+                else:
+                    for r in lanes:
+                        push(heaps[r], entry)
         self._queue.clear()
-        for r in grown:
-            heap = heaps[r]
+        for r, heap in enumerate(heaps):  # only grown heaps can be past their limit (pops only shrink)
             if len(heap) > self._limit[r]:
                 heap[:] = [e for e in heap if self._live(e, r)]
                 heapq.heapify(heap)

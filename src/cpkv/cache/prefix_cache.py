@@ -45,7 +45,7 @@ import numpy as np
 
 from ..allocator import OwnerLaneAllocator
 from ..errors import PrefixCacheError
-from .checks import Scratch, check_lane, int_array, whole_pages
+from .checks import PageChecker, check_lane, int_array
 from .host_tier import HostTier
 from .loadback import load_back
 from .lru import LaneLRU
@@ -119,12 +119,12 @@ class PrefixCache:
         self._cached = np.zeros(C, dtype=_I64)  # [C] device pages in the tree
         self._evictable = np.zeros(C, dtype=_I64)  # [C] unlocked device pages
         self._evicted = np.zeros(C, dtype=_I64)
-        self._collateral = np.zeros(C, dtype=_I64)
+        self._own_lane = [0] * C  # of _evicted, those evicted by a call on their own lane
         self._host_loc: dict[int, CacheNode] = {}  # host key -> run holding the copy
         self._next_key = 0
         self._epoch = 0  # bumped by every change of pages; a match is valid for one epoch
         self._n = dict.fromkeys(_COUNTERS, 0)
-        self._scratch = Scratch()
+        self._check = PageChecker(allocator)
 
     # ----------------------------------------------------------------------------------------- queries
     def match_prefix(self, token_ids, *, record: bool = True) -> PrefixMatch:
@@ -197,7 +197,7 @@ class PrefixCache:
         """
         out: dict = dict(self._n)
         out["evicted_pages"] = self._evicted.tolist()
-        out["evicted_collateral_pages"] = self._collateral.tolist()
+        out["evicted_collateral_pages"] = [e - own for e, own in zip(out["evicted_pages"], self._own_lane, strict=True)]
         return out
 
     def entries(self) -> Iterator[CacheEntry]:
@@ -265,25 +265,26 @@ class PrefixCache:
         if slots.shape[0] != tokens.shape[0]:
             raise PrefixCacheError(f"slots has {slots.shape[0]} entries but token_ids has {tokens.shape[0]}")
         k = tokens.shape[0] // P
-        pages = whole_pages(slots[: k * P], P, self.allocator, self._scratch)
+        pages = self._check.whole_pages(slots[: k * P])
         path = self.tree.walk(tokens, k)
         matched = sum(m for _, m in path)
-        same = np.zeros(k, dtype=bool)
-        same[:matched] = _concat([n.vals[:m, PAGE] for n, m in path]) == pages[:matched]
-        bad = np.flatnonzero(self._in_tree[pages] & ~same)
-        if bad.size:  # validated fully; nothing changed yet
-            i = int(bad[0])
+        held = self._in_tree[pages]  # [k]
+        same = _concat([n.vals[:m, PAGE] for n, m in path]) == pages[:matched]  # [matched] the tree's own page
+        num_same = np.count_nonzero(same)
+        if np.count_nonzero(held) != num_same:  # same implies held: a held page elsewhere; nothing changed yet
+            held[:matched] &= ~same
+            i = int(np.flatnonzero(held)[0])
             raise PrefixCacheError(f"page {int(pages[i])} (token {i * P}) is already cached at another position")
         if path and path[-1][1] < path[-1][0].num_pages:
             path[-1] = (self.tree.split(*path[-1]), path[-1][1])
         nodes, dup, new, pos = [], [], 0, 0
+        on_device = sum(m for n, m in path if n.dev)  # matched pages already on device
         for node, m in path:
-            seg = pages[pos : pos + m]
-            if node.dev:
-                dup.append(seg[~same[pos : pos + m]])
-            else:
-                self._refill(node, seg)
+            if not node.dev:
+                self._refill(node, pages[pos : pos + m])
                 new += m
+            elif num_same < on_device:  # a caller page duplicates the tree's
+                dup.append(pages[pos : pos + m][~same[pos : pos + m]])
             nodes.append(node)
             pos += m
         if matched < k:
@@ -303,7 +304,9 @@ class PrefixCache:
         self._epoch += 1
         self._touch(nodes)
         handle = self.tree.handle(nodes[-1], k, nodes[-1].gen) if nodes else self._root_handle
-        return InsertResult(_concat([n.vals[:, PAGE] for n in nodes]), dup_pages, new, P, handle)
+        # Without duplicates every page of the result is the caller's (kept, refilled or new): ``pages``.
+        result = pages if num_same == on_device else _concat([n.vals[:, PAGE] for n in nodes])
+        return InsertResult(result, dup_pages, new, P, handle)
 
     def evict(self, lane: int, num_pages: int) -> int:
         """Free at least ``num_pages`` unlocked pages of ``lane``, least recently used first (C-RELOAD).
@@ -322,27 +325,33 @@ class PrefixCache:
                 ``backup_fn`` propagates after the call is undone (every page stays on device).
         """
         lane = check_lane(lane, self.cp_size)
-        if isinstance(num_pages, bool) or not hasattr(num_pages, "__index__") or int(num_pages) < 0:
-            raise PrefixCacheError(f"num_pages={num_pages!r} must be an integer >= 0")
-        num_pages = int(num_pages)
+        if type(num_pages) is not int or num_pages < 0:
+            if isinstance(num_pages, bool) or not hasattr(num_pages, "__index__") or int(num_pages) < 0:
+                raise PrefixCacheError(f"num_pages={num_pages!r} must be an integer >= 0")
+            num_pages = int(num_pages)
+        lru, tree = self.lru, self.tree
         steps: list[list[CacheNode]] = []
         freed = 0
         while freed < num_pages:
-            node = self.lru.pop(lane)
+            node = lru.pop(lane)
             if node is None:
                 break
-            below = self.tree.preorder(node, _on_device)[1:] if node.children else []  # device subtree
-            got = sum(int(self.lru.counts(n)[lane]) for n in below)  # 0 while ancestors are the newer
+            if node.children:  # its device subtree goes too; 0 pages of the lane while ancestors are the newer
+                below = tree.preorder(node, _on_device)[1:]
+                got = sum(int(lru.counts(n)[lane]) for n in below)
+            else:
+                below, got = [], 0
             need = num_pages - freed - got
             if need > 0:  # cut the run at the need-th page of the lane from the bottom (or its first)
-                idx = np.flatnonzero(node.vals[:, LANE] == lane)
+                idx = (node.vals[:, LANE] == lane).nonzero()[0]
                 k = min(need, idx.shape[0])
-                if idx[idx.shape[0] - k]:
-                    self.tree.split(node, int(idx[idx.shape[0] - k]), not self._write_back)
+                at = int(idx[idx.shape[0] - k])
+                if at:
+                    tree.split(node, at, not self._write_back)
                 got += k
                 below.insert(0, node)
             else:  # the subtree alone is enough: the run stays
-                self.lru.requeue(node)
+                lru.requeue(node)
             for n in below:
                 n.dev, n.in_batch = False, True
                 n.gen += 1
@@ -435,11 +444,12 @@ class PrefixCache:
         """The page counts of one ``evict`` call (``sign`` -1 undoes them): ``pages`` leave the device,
         ``taken`` int64 ``[C]`` of them per lane, all unlocked; those not of ``lane`` are collateral."""
         self._in_tree[pages] = sign < 0
-        self._cached -= sign * taken
-        self._evictable -= sign * taken
-        self._evicted += sign * taken
-        self._collateral += sign * taken
-        self._collateral[lane] -= sign * taken[lane]
+        if sign < 0:
+            taken = -taken
+        self._cached -= taken
+        self._evictable -= taken
+        self._evicted += taken
+        self._own_lane[lane] += int(taken[lane])
 
     def _set_device(self, n: CacheNode, pages: np.ndarray) -> None:
         """Put device pages under run ``n`` (a new run, a refilled or a loaded-back one)."""
@@ -476,4 +486,6 @@ def _on_device(n) -> bool:
 
 def _concat(parts: list) -> np.ndarray:
     """One int64 array of the parts (a copy, never a view of the tree); empty for no parts."""
+    if len(parts) == 1:
+        return parts[0].astype(_I64)  # a contiguous copy
     return np.concatenate(parts).astype(_I64, copy=False) if parts else _EMPTY

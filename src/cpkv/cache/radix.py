@@ -124,14 +124,15 @@ class RadixTree:
             child = node.children.get(tokens[pos * P : (pos + 1) * P].tobytes())
             if child is None:
                 break
-            m = min(child.num_pages, num_pages - pos)
+            n = child.vals.shape[0]
+            m = min(n, num_pages - pos)
             if m > 1:  # the first page equals its key; compare the rest at once
-                same = child.tokens[P : m * P] == tokens[(pos + 1) * P : (pos + m) * P]
-                if not same.all():
-                    m = 1 + int(same.argmin()) // P
+                differ = child.tokens[P : m * P] != tokens[(pos + 1) * P : (pos + m) * P]
+                if np.count_nonzero(differ):
+                    m = 1 + int(differ.argmax()) // P
             path.append((child, m))
             pos += m
-            if m < child.num_pages:
+            if m < n:
                 break
             node = child
         return path

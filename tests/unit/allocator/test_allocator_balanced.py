@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 import oracle
 from cpkv import CPConfig, LaneExhausted, OwnerLaneAllocator
+from cpkv.allocator import _balanced_phase
+from cpkv.planner import zigzag_lane_pages
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-BALANCED")]
 
@@ -246,3 +248,26 @@ def test_large_requests_spread_evenly_whatever_the_phase(C, m, data):
     res = alloc.alloc_extend([0], [m], [-1])
     per_lane = np.bincount(res.new_pages % C, minlength=C)
     assert set(per_lane.tolist()) <= {m // C, m // C + 1}
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    C=st.integers(1, 12),
+    m=st.integers(1, 100),
+    data=st.data(),
+)
+def test_window_rule_equals_the_three_criteria(C, m, data):
+    """``_balanced_phase`` (the O(C) window form) picks the phase the three criteria pick over every phase's
+    per-lane pages (``zigzag_lane_pages``), and lowers ``free`` by exactly those pages; free pages drawn
+    from a narrow range so that ties on every criterion are common."""
+    free = data.draw(st.lists(st.integers(0, 4), min_size=C, max_size=C), label="free")
+    rotation = data.draw(st.integers(0, C - 1), label="rotation")
+    keys = []
+    for f in range(C):
+        n = zigzag_lane_pages(m, f, C).tolist()
+        keys.append((min(a - b for a, b in zip(free, n, strict=True)), sum(a * b for a, b in zip(free, n, strict=True)),
+                     -((f - rotation) % C)))  # fmt: skip
+    want = max(range(C), key=keys.__getitem__)
+    left = list(free)
+    assert _balanced_phase(left, m, rotation) == want
+    assert left == [a - b for a, b in zip(free, zigzag_lane_pages(m, want, C).tolist(), strict=True)]

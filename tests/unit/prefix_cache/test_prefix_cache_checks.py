@@ -1,0 +1,116 @@
+"""The slot checks of ``PrefixCache.insert`` (``PageChecker.whole_pages``) against a page-by-page reference.
+
+``whole_pages`` checks all pages at once in reused buffers; the reference below states the same rules one
+page at a time, in the documented order (whole pages, range, existence on its lane, held, listed once).
+Both must return the same pages or raise the same ``PrefixCacheError`` message, for valid and broken
+slots alike, on equal and unequal lanes, and when the buffers are reused across calls of other sizes.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cpkv import CPConfig, OwnerLaneAllocator, PrefixCacheError
+from cpkv.cache import PrefixCache
+from cpkv.cache.checks import PageChecker
+
+pytestmark = [pytest.mark.unit, pytest.mark.clause("C-RELOAD")]
+
+
+def reference_pages(slots: list[int], P: int, alloc: OwnerLaneAllocator) -> list[int]:
+    """Page ids of whole pages, one page at a time (plain Python ints), or PrefixCacheError."""
+    k = len(slots) // P
+    for i in range(k):
+        row = slots[i * P : (i + 1) * P]
+        p = row[0] // P
+        if row != [p * P + j for j in range(P)]:
+            raise PrefixCacheError(f"slots of page {i} (tokens {i * P}..{i * P + P - 1}) are not one whole page: "
+                                   f"{row[:8]}...")  # fmt: skip
+    pages = [slots[i * P] // P for i in range(k)]
+    for p in pages:
+        if not 0 < p < alloc.num_pages:
+            raise PrefixCacheError(f"page {p} cannot be cached (page 0 or out of range)")
+    C, lane_pages = alloc.config.cp_size, alloc.lane_pages.tolist()
+    for p in pages:
+        if p // C >= lane_pages[p % C]:
+            raise PrefixCacheError(f"page {p} does not exist: lane {p % C} holds {lane_pages[p % C]} pages")
+    for p in pages:
+        if alloc.is_free([p])[0]:
+            raise PrefixCacheError(f"page {p} is free in the allocator: insert only pages you hold")
+    twice = sorted({p for p in pages if pages.count(p) > 1})
+    if twice:
+        raise PrefixCacheError(f"page {twice[0]} is listed more than once")
+    return pages
+
+
+def outcome(fn, *args):
+    try:
+        return [int(p) for p in fn(*args)]
+    except PrefixCacheError as e:
+        return str(e)
+
+
+@st.composite
+def cases(draw):
+    C, P = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    lanes = [draw(st.integers(2, 6)) for _ in range(C)] if draw(st.booleans()) else draw(st.integers(2, 6))
+    alloc = OwnerLaneAllocator(CPConfig(cp_size=C, page_size=P, owner_policy="rotation"), lanes)
+    for lane in draw(st.lists(st.integers(0, C - 1), max_size=8)):
+        if alloc.free_pages_per_lane()[lane]:
+            alloc.alloc_pages([lane])
+    calls = []
+    for _ in range(draw(st.integers(1, 3))):  # several calls: the buffers grow and are reused
+        pages = draw(st.lists(st.integers(-1, alloc.num_pages + 1), max_size=6))  # held, free, 0, out of range
+        slots = [p * P + j for p in pages for j in range(P)] + draw(st.lists(st.integers(0, 40), max_size=P - 1))
+        if slots and draw(st.booleans()):  # break one slot: a shift, another page's slot, or a negative one
+            i = draw(st.integers(0, len(slots) - 1))
+            slots[i] = draw(st.sampled_from([slots[i] + 1, slots[i] - 1, slots[i] + P, -slots[i] - 1]))
+        if len(slots) >= P and draw(st.booleans()):  # shift one whole page's slots (consecutive, not aligned)
+            i, d = draw(st.integers(0, len(slots) // P - 1)), draw(st.integers(1, 2 * P))
+            slots[i * P : (i + 1) * P] = [s + d for s in slots[i * P : (i + 1) * P]]
+        calls.append(slots)
+    return alloc, P, calls
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases())
+def test_whole_pages_matches_the_page_by_page_reference(case):
+    alloc, P, calls = case
+    checker = PageChecker(alloc)
+    for slots in calls:
+        k = len(slots) // P
+        got = outcome(checker.whole_pages, np.asarray(slots[: k * P], dtype=np.int64))
+        assert got == outcome(reference_pages, slots[: k * P], P, alloc)
+
+
+def test_whole_pages_example_and_errors():
+    # C=2, P=4, 8 pages per lane: one held page on each lane, p on lane 0 and q on lane 1.
+    alloc = OwnerLaneAllocator(CPConfig(cp_size=2, page_size=4, owner_policy="rotation"), 8)
+    p, q = alloc.alloc_pages([0, 1]).tolist()
+    checker = PageChecker(alloc)
+    slots = np.asarray([p * 4, p * 4 + 1, p * 4 + 2, p * 4 + 3, q * 4, q * 4 + 1, q * 4 + 2, q * 4 + 3])
+    assert checker.whole_pages(slots).tolist() == [p, q]
+    shifted = slots + 1  # page p's slots now start at offset 1: not a whole page
+    with pytest.raises(PrefixCacheError, match="slots of page 0 .* are not one whole page"):
+        checker.whole_pages(shifted)
+    with pytest.raises(PrefixCacheError, match=f"page {p} is listed more than once"):
+        checker.whole_pages(np.concatenate([slots[:4], slots[:4]]))
+    alloc.free([q])
+    with pytest.raises(PrefixCacheError, match=f"page {q} is free in the allocator"):
+        checker.whole_pages(slots)
+
+
+def test_insert_names_the_first_page_cached_elsewhere_after_the_trees_own_pages():
+    # C=1, P=2: prompt A (6 tokens) caches pages [a, b, c]. Prompt B shares A's first page (its slots are
+    # a's, the tree's own page: fine) and then lists c, which the tree holds at A's position 2: B's
+    # position 1 (token 2) is named. Nothing changes.
+    alloc = OwnerLaneAllocator(CPConfig(cp_size=1, page_size=2, owner_policy="rotation"), 8)
+    cache = PrefixCache(alloc)
+    a, b, c = alloc.alloc_pages([0, 0, 0]).tolist()
+    slots_a = np.asarray([a * 2, a * 2 + 1, b * 2, b * 2 + 1, c * 2, c * 2 + 1])
+    assert cache.insert(np.arange(1, 7), slots_a).pages.tolist() == [a, b, c]
+    before = list(cache.entries())
+    with pytest.raises(PrefixCacheError, match=rf"^page {c} \(token 2\) is already cached at another position$"):
+        cache.insert(np.asarray([1, 2, 9, 9]), np.asarray([a * 2, a * 2 + 1, c * 2, c * 2 + 1]))
+    assert list(cache.entries()) == before
