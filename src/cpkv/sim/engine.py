@@ -17,9 +17,11 @@ report, never an exception.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -58,6 +60,24 @@ class _Running:
     @property
     def last_loc(self) -> int:
         return int(self.slots[self.done - 1]) if self.done else -1
+
+
+GC_GEN0_THRESHOLD = 100_000
+"""Allocations between two young-generation collections during a replay (CPython's default: 700). The step
+loop makes millions of short-lived objects and few reference cycles; at the default, collections cost
+about 5 % of the command (full trace, balanced, ten alternated runs: 11.1 -> 10.5 s of CPU on average) for
+16 MB of peak RSS."""
+
+
+@contextmanager
+def _rare_collections() -> Iterator[None]:
+    """Raise the garbage collector's young-generation threshold for the block, then restore it."""
+    old = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 class PolicyRun:
@@ -105,6 +125,11 @@ class PolicyRun:
     def run(self, on_progress: Callable[[int], None] | None = None) -> PolicyResult:
         """Replay every request; returns the ``PolicyResult`` (metrics of docs/metrics.md + timeline)."""
         t0 = time.perf_counter()
+        with _rare_collections():
+            self._loop(on_progress)
+        return self._result(time.perf_counter() - t0)
+
+    def _loop(self, on_progress: Callable[[int], None] | None) -> None:
         arrivals = deque(self.requests)
         stalled = 0
         while arrivals or self.waiting or self.running or self.decoding:
@@ -120,7 +145,6 @@ class PolicyRun:
             if stalled >= self.cfg.livelock_steps:
                 self._record_livelock(stalled)
                 break
-        return self._result(time.perf_counter() - t0)
 
     # ------------------------------------------------------------------------------------------ step
     def _step(self) -> bool:

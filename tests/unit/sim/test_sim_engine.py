@@ -211,3 +211,33 @@ def test_no_page_leaks_after_replay(colocated_decode):
     assert m["requests_finished"] == 25
     _check_conservation(m, spec.requests)
     assert run.alloc.used_pages_per_lane().tolist() == run.cache.cached_pages_per_lane().tolist()
+
+
+def test_replay_raises_gc_threshold_and_restores_it(monkeypatch):
+    # The step loop runs with GC_GEN0_THRESHOLD young-generation allocations between collections; the
+    # caller's threshold comes back afterwards, also when the loop raises (e.g. Ctrl-C).
+    import gc
+
+    from cpkv.sim import engine
+
+    spec = build_workload("synthetic", num_requests=5, seed=1)
+    old = gc.get_threshold()
+    seen = []
+    step = engine.PolicyRun._step
+
+    def spy(self):
+        seen.append(gc.get_threshold())
+        return step(self)
+
+    monkeypatch.setattr(engine.PolicyRun, "_step", spy)
+    PolicyRun(SMALL, "balanced", spec.requests).run()
+    assert seen and all(t == (engine.GC_GEN0_THRESHOLD, *old[1:]) for t in seen)
+    assert gc.get_threshold() == old
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine.PolicyRun, "_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        PolicyRun(SMALL, "balanced", spec.requests).run()
+    assert gc.get_threshold() == old
