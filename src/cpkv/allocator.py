@@ -444,12 +444,9 @@ class OwnerLaneAllocator:
     def _head_owners(self, L0: np.ndarray, last: np.ndarray) -> np.ndarray:
         """Validate ``last_locs`` against ``prefix_lens`` (C-FAIL-FAST) and return lanes (-1: none)."""
         P, C = self.config.page_size, self.config.cp_size
-        # All valid: last_loc = -1 exactly where prefix_len = 0 (the xor), else on a handed-out page (an id out of
-        # the pool clips onto page 0 or the spare last entry, never taken) with (last_loc + 1) % P = prefix_len % P.
-        nxt = last + 1
-        page = last // P
-        ok = (self._taken.take(page, mode="clip") | (nxt == 0)) & (nxt % P == L0 % P)
-        if np.count_nonzero(ok) == L0.shape[0] and not np.count_nonzero(np.logical_xor(L0, nxt)):
+        valid = self._valid_last_locs(L0, last, P)
+        if valid is not None:
+            nxt, page = valid
             return np.where(nxt != 0, page % C, -1)
         none = L0 <= 0
         has = ~none
@@ -479,6 +476,20 @@ class OwnerLaneAllocator:
             why = "is free" if self._usable[p] else f"does not exist (lane {p % C} holds {self.lane_pages[p % C]} pages)"
             raise AllocatorError(f"request {i}: last_loc={int(last[i])} lies on page {p}, which {why}")
         return np.where(has, page % C, -1)
+
+    def _valid_last_locs(self, L0: np.ndarray, last: np.ndarray, P) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(last_locs + 1, page of each last_loc)``, int64 ``[B]`` each, when every ``last_loc`` is valid for
+        its ``prefix_len`` (C-FAIL-FAST), else None (``_head_owners`` then names the first bad request).
+
+        Valid: ``last_loc = -1`` exactly where ``prefix_len = 0`` (the xor), else on a handed-out page (an id
+        out of the pool clips onto page 0 or the spare last entry, never taken) with ``(last_loc + 1) % P ==
+        prefix_len % P``. ``P``: the page size, an int or a 0-d int64 array (the single-page path's)."""
+        nxt = last + 1
+        page = last // P
+        ok = (self._taken.take(page, mode="clip") | (nxt == 0)) & (nxt % P == L0 % P)
+        if np.count_nonzero(ok) != L0.shape[0] or np.count_nonzero(np.logical_xor(L0, nxt)):
+            return None
+        return nxt, page
 
     def _balanced_phases(self, L0: np.ndarray, E: np.ndarray) -> np.ndarray:
         """C-BALANCED: each request's phase, requests in batch order, ``[B]`` int64.

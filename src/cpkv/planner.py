@@ -582,7 +582,7 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
     length = pages * P
     length[:, 0] = h
     last = np.minimum(m, S)  # [B] column of each request's last run, as a flat index:
-    last += _ROWS[: B * (S + 1) : S + 1] if B * (S + 1) <= _ROWS.shape[0] else np.arange(0, B * (S + 1), S + 1)
+    last += _RAMP[: B * (S + 1) : S + 1] if B * (S + 1) <= _RAMP.shape[0] else np.arange(0, B * (S + 1), S + 1)
     flat_len = length.ravel()
     flat_len[last] -= -t % P
     keep = (flat_len > 0).nonzero()[0]  # flat (request, run) index of every non-empty run
@@ -611,10 +611,6 @@ def _segment_tables(C: int) -> tuple[np.ndarray, np.ndarray]:
         for arr in got:
             arr.setflags(write=False)
     return got
-
-
-_ROWS = np.arange(1 << 14, dtype=_I64)
-_ROWS.setflags(write=False)
 
 
 @dataclass(frozen=True)

@@ -155,13 +155,10 @@ def _extend_rows(alloc, L0, E, last) -> tuple[np.ndarray, np.ndarray] | None:
     end = L0 + E  # a sum past int64 wraps negative: huge as uint64
     if end.view(_U64).max() > MAX_POSITION:
         return None
-    nxt = last + t.one
-    page = last // t.P
-    no_page = nxt == t.zero  # last_loc = -1: only right with L0 == 0 (checked by the xor below)
-    held = alloc._taken.take(page, mode="clip") | no_page
-    ok = (nxt % t.P == L0 % t.P) & held
-    if np.count_nonzero(ok) != L0.shape[0] or np.logical_xor(L0, nxt).any():
+    valid = alloc._valid_last_locs(L0, last, t.P)  # the general path's check (it names the bad request)
+    if valid is None:
         return None
+    nxt, page = valid
     m = (end + (P - 1)) // P - (L0 + (P - 1)) // P  # [B] new pages
     if m.max() > 1:
         return None
