@@ -46,6 +46,8 @@ def check_lane(name: str, value: object, cp_size: int, error: type[CpkvError] = 
     A bool or non-integer is refused as such (``"rank must be an integer, got True"``), not as a lane out
     of range; an integer outside the lanes gives ``"rank=9 out of range [0, 8)"``.
     """
+    if type(value) is int and 0 <= value < cp_size:  # the common case (an eviction per lane and step), at once
+        return value
     lane = _as_int(name, value, error)
     if not 0 <= lane < cp_size:
         raise error(f"{name}={lane} out of range [0, {cp_size})")

@@ -25,8 +25,6 @@ def int_array(name: str, values) -> np.ndarray:
 
 def check_lane(lane, cp_size: int) -> int:
     """``lane`` as an int in ``[0, cp_size)``, or PrefixCacheError."""
-    if type(lane) is int and 0 <= lane < cp_size:  # the common case, before the general check
-        return lane
     return config_check_lane("lane", lane, cp_size, PrefixCacheError)
 
 
