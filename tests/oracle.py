@@ -145,25 +145,64 @@ def plan_request(
 
 
 def balanced_phase(
-    prefix_len: int, extend_len: int, cp_size: int, page_size: int, req_index: int, free: list[int]
+    prefix_len: int,
+    extend_len: int,
+    cp_size: int,
+    page_size: int,
+    req_index: int,
+    free: list[int],
+    transient: list[int] | None = None,
 ) -> int:
-    """C-BALANCED phase of one request given each lane's free pages ``free`` (before this request).
+    """C-BALANCED (amended) phase of one request, by brute force over every phase.
 
-    Tries every phase f by planning the request with it, counts the new pages per lane n_r(f), and keeps
-    the f that maximises min_r(free_r - n_r(f)), then sum_r n_r(f) * free_r, then minimises
-    (f - rotation phase) mod C. Written from the SPEC text, one candidate at a time.
+    ``free``: each lane's free pages before this request (after the batch's earlier requests);
+    ``transient``: the partly filled last pages those earlier requests took per lane (t_r; default none).
+    For each phase f the request is planned with it; n_r(f) counts its new pages on lane r and k_r(f)
+    those it fills completely (all but a last page left partly filled, (L0 + E) % P != 0). With
+    g_r = free_r + t_r the chosen f maximises, in order: (0) whether min_r(free_r - n_r(f)) >= 0;
+    (1) when sum_r k_r(f) > 0: min_r(g_r - k_r(f)), then sum_r k_r(f) * g_r; otherwise
+    min_r(free_r - n_r(f)), then sum_r n_r(f) * free_r; (2) then it minimises (f - rotation phase) mod C.
+    Written from the SPEC text, one candidate at a time.
     """
-    C = cp_size
-    rotation = _phase_rule(prefix_len, page_size, req_index, C, "rotation")
+    C, P = cp_size, page_size
+    t = list(transient) if transient is not None else [0] * C
+    g = [free[r] + t[r] for r in range(C)]
+    rotation = _phase_rule(prefix_len, P, req_index, C, "rotation")
+    partial = (prefix_len + extend_len) % P != 0
     best_key, best_f = None, None
     for f in range(C):
         # Head pages already exist and are not counted; any head owner gives the same new-page owners.
-        owners = plan_request(prefix_len, extend_len, C, page_size, req_index, head_owner=0, phase=f)["page_owners"]
+        owners = plan_request(prefix_len, extend_len, C, P, req_index, head_owner=0, phase=f)["page_owners"]
         n = [owners.count(r) for r in range(C)]
-        key = (min(free[r] - n[r] for r in range(C)), sum(n[r] * free[r] for r in range(C)), -((f - rotation) % C))
+        kept = list(owners[:-1]) if (partial and owners) else list(owners)
+        k = [kept.count(r) for r in range(C)]
+        fits = min(free[r] - n[r] for r in range(C)) >= 0
+        if sum(k) > 0:
+            crit = (min(g[r] - k[r] for r in range(C)), sum(k[r] * g[r] for r in range(C)))
+        else:
+            crit = (min(free[r] - n[r] for r in range(C)), sum(n[r] * free[r] for r in range(C)))
+        key = (fits, *crit, -((f - rotation) % C))
         if best_key is None or key > best_key:
             best_key, best_f = key, f
     return best_f
+
+
+def balanced_phases(
+    prefix_lens: list[int], extend_lens: list[int], cp_size: int, page_size: int, free: list[int]
+) -> list[int]:
+    """C-BALANCED phases of a batch, requests in batch order: each sees the free pages the earlier ones
+    left and the partly filled last pages they took (``balanced_phase``'s ``transient``)."""
+    C, P = cp_size, page_size
+    left, transient, phases = list(free), [0] * C, []
+    for i, (L0, E) in enumerate(zip(prefix_lens, extend_lens, strict=True)):
+        f = balanced_phase(L0, E, C, P, i, left, transient)
+        owners = plan_request(L0, E, C, P, i, head_owner=0, phase=f)["page_owners"]
+        for r in owners:
+            left[r] -= 1
+        if owners and (L0 + E) % P:
+            transient[owners[-1]] += 1
+        phases.append(f)
+    return phases
 
 
 # --------------------------------------------------------------------------------------------------

@@ -492,26 +492,27 @@ class OwnerLaneAllocator:
         return nxt, page
 
     def _balanced_phases(self, L0: np.ndarray, E: np.ndarray) -> np.ndarray:
-        """C-BALANCED: each request's phase, requests in batch order, ``[B]`` int64.
+        """C-BALANCED: each request's phase, requests in batch order (``_balanced_phase``), ``[B]`` int64.
 
-        For request i with new pages ``n_r(f)`` per lane under phase f (C-ZIGZAG) and ``free_r`` the free
-        pages left after the earlier requests of the batch, the phase maximises, in this order,
-        (1) ``min_r(free_r - n_r(f))`` (the tightest lane after placement), (2) ``sum_r n_r(f) * free_r``
-        (pages go to freer lanes), then minimises (3) ``(f - rotation_phase) mod C``. Integers only, so
-        every rank makes the same choice. A request without new pages takes the rotation phase.
+        Each request sees the free pages the earlier requests left and the partly filled last pages they
+        took (transient: freed after prefill, so balance counts only the pages a request keeps). A request
+        without new pages takes the rotation phase. Integers only, so every rank makes the same choice.
         Example C=2, P=1, free [4, 5], one 8-token prompt in chunks of 3, 3, 2: phases 0, 1, 0 (free
         [3, 3], [1, 2], [0, 1]); C=2, Q=2 (free [1, 2]): one-token batches get lanes 1, then 0.
         """
         P, C = self.config.page_size, self.config.cp_size
-        m = -(-(L0 + E) // P) - -(-L0 // P)  # [B] new pages
+        end = L0 + E
+        m = -(-end // P) - -(-L0 // P)  # [B] new pages
         rotation = (L0 // P + np.arange(L0.shape[0], dtype=_I64)) % C  # [B] C-PHASE rotation phase
         phases = rotation.copy()
         if C == 1:
             return phases
         rows = m.nonzero()[0]
         free = self._top.tolist()  # [C] Python ints: a few requests of C lanes cost less than numpy calls
-        for i, pages, f in zip(rows.tolist(), m[rows].tolist(), rotation[rows].tolist(), strict=True):
-            phases[i] = _balanced_phase(free, pages, f)
+        transient = [0] * C
+        partial = (end[rows] % P != 0).tolist()
+        for i, pages, f, part in zip(rows.tolist(), m[rows].tolist(), rotation[rows].tolist(), partial, strict=True):
+            phases[i] = _balanced_phase(free, transient, pages, f, part)
         return phases
 
     def _check_counts(self, counts: np.ndarray) -> None:
@@ -568,41 +569,83 @@ def _check_shared_heads(L0: np.ndarray, E: np.ndarray, last: np.ndarray, P: int)
         )
 
 
-def _balanced_phase(free: list[int], m: int, rotation: int) -> int:
-    """C-BALANCED phase of one request of ``m >= 1`` new pages given ``free``, each lane's free pages
-    (``C`` ints, lowered here by the request's pages on each lane), and its ``rotation`` phase.
+def _balanced_phase(free: list[int], transient: list[int], m: int, rotation: int, partial: bool) -> int:
+    """C-BALANCED phase of one request of ``m >= 1`` new pages (the one rule, also for one-page requests).
 
-    C-ZIGZAG gives zigzag rank z ``2 * (m // 2C) + [z < m % 2C] + [2C-1-z < m % 2C]`` pages: k pages on every
-    rank plus one on a cyclic window of ``w < C`` consecutive ranks from rank s. With ``rem = m % 2C``:
-    ``rem < C``: ``k = 2 * (m // 2C)``, window ranks ``[0, rem)``; ``rem >= C``: ``k = 2 * (m // 2C) + 1``,
-    window ranks ``[2C - rem, C)``. Phase f puts rank z on lane ``(z + f) % C``, so the window covers lanes
-    ``g .. g + w - 1`` (mod C) from ``g = (f + s) % C``. Criterion 1, ``min_r(free_r - n_r(f))``, is then
-    ``min(free) - k - 1`` when the window holds a least-free lane, else ``min(free) - k``; criterion 2,
-    ``sum_r n_r(f) * free_r``, is ``k * sum(free)`` plus the window's free pages; criterion 3 takes the
-    first best phase cyclically from ``rotation``. O(C) integer work, no [C, C] table.
-    Example C=4, free [7, 8, 8, 8], m=3, rotation 0: the window is 3 lanes from lane f; only phase 1
-    (lanes 1, 2, 3) leaves out lane 0, the least free -> phase 1, free [7, 7, 7, 7].
+    ``free``: each lane's free pages (``C`` ints) after the batch's earlier requests; ``transient``: the
+    partly filled last pages those requests took per lane (``t_r``); both are updated here by this
+    request's pages. ``partial``: whether the extend leaves its last new page partly filled
+    (``(L0 + E) % P != 0``), which makes that page transient: not kept (``k_r``), yet it must fit.
+    With ``g_r = free_r + t_r`` the phase maximises, in order, (0) whether every lane fits,
+    (1) ``min_r(g_r - k_r(f))`` then ``sum_r k_r(f) * g_r`` when the request keeps a page, else
+    ``min_r(free_r - n_r(f))`` then ``sum_r n_r(f) * free_r``, then takes (2) the first such phase
+    cyclically from ``rotation``.
+
+    O(C) integer work. C-ZIGZAG gives zigzag rank z ``2 * (m // 2C) + [z < rem] + [2C-1-z < rem]`` pages
+    (``rem = m % 2C``): ``K`` on every rank plus one on a window of ``w < C`` consecutive ranks from rank
+    ``s``; phase f moves rank z to lane ``(z + f) % C``. ``rem < C``: ``K = 2 * (m // 2C)``, window
+    ``[0, rem)``; ``rem >= C``: ``K = 2 * (m // 2C) + 1``, window ``[2C - rem, C)``. The last page is on rank
+    ``zl`` (0 when ``m >= 2C``, else the rank of segment ``m - 1``), lane ``(zl + f) % C``. Each criterion is
+    then a window count or sum over prefix sums of the doubled lane arrays:
+    ``min_r(x_r - n_r(f)) = min(x) - K - [the window holds a least-x lane]``; with the transient page the
+    minimum of ``e_r = g_r - K - [r in window]`` rises by one exactly when its only minimiser is the
+    last page's lane. Examples: C=4, free [7, 8, 8, 8], m=3 (whole pages), rotation 0: only phase 1
+    (lanes 1-3) leaves out lane 0, the least free; C=8, a fresh pool, eight 65-token prompts of P=64 in
+    one batch (m=2, the second page transient): phases 1, 2, 3, 4, 5, 6, 7, 7.
     """
     C = len(free)
-    k, rem = divmod(m, 2 * C)
-    k, w, s = (2 * k, rem, 0) if rem < C else (2 * k + 1, rem - C, 2 * C - rem)  # rem = C: k + 1 everywhere
-    f = rotation
-    if w:  # else every lane takes k pages: all phases tie
-        least = min(free)
-        twice = free + free
-        wsum = list(accumulate(twice, initial=0))  # window [g, g + w) holds wsum[g + w] - wsum[g] free pages
-        lows = list(accumulate([v == least for v in twice], initial=0))  # least-free lanes likewise
-        best = None
-        for d in range(C):
-            g = (rotation + d + s) % C
-            key = (lows[g + w] == lows[g], wsum[g + w] - wsum[g])
-            if best is None or key > best:
-                best, f = key, (rotation + d) % C
-        g = (f + s) % C
-        for j in range(g, g + w):
-            free[j if j < C else j - C] -= 1
-    if k:
-        free[:] = [v - k for v in free]
+    if m == 1:  # one page: the window is the page's own lane f
+        if partial:  # keeps nothing: the lane with the most free pages
+            most, f = max(free), rotation
+            while free[f] != most:
+                f = f + 1 if f + 1 < C else 0
+            transient[f] += 1
+        else:  # keeps it: most free + transient pages among the lanes with a free page (criterion 0)
+            fits = any(v > 0 for v in free)
+            best, f = None, rotation
+            for d in range(C):
+                j = (rotation + d) % C
+                if fits and free[j] <= 0:
+                    continue
+                if best is None or free[j] + transient[j] > best:
+                    best, f = free[j] + transient[j], j
+        free[f] -= 1
+        return f
+    q, rem = divmod(m, 2 * C)
+    K, w, s = (2 * q, rem, 0) if rem < C else (2 * q + 1, rem - C, 2 * C - rem)  # rem = C: K + 1 everywhere
+    zl = 0 if m >= 2 * C else (m - 1 if m <= C else 2 * C - m)  # zigzag rank of the last page
+    last_in_window = s <= zl < s + w
+    least = min(free)
+    low = list(accumulate([v == least for v in free + free], initial=0))  # least-free lanes
+    g_ = [a + b for a, b in zip(free, transient, strict=True)]  # g_r: m > 1 keeps at least one page
+    gl = min(g_)
+    gsum = sum(g_)
+    gs = list(accumulate(g_ + g_, initial=0))  # window [g, g + w) holds gs[g + w] - gs[g]
+    g0 = list(accumulate([v == gl for v in g_ + g_], initial=0))  # least-g lanes
+    g1 = list(accumulate([v == gl + 1 for v in g_ + g_], initial=0)) if partial else None
+    best, f = None, rotation
+    for d in range(C):
+        ph = (rotation + d) % C
+        g = (ph + s) % C  # the window's first lane
+        fit = least - K - (low[g + w] > low[g]) >= 0
+        a = g0[g + w] - g0[g]  # least-g lanes in the window
+        mn = gl - K - (a > 0)  # min_r(g_r - n_r)
+        wsum = gsum * K + gs[g + w] - gs[g]  # sum_r n_r * g_r
+        if partial:  # the last page is transient: it counts for the fit, not in k_r
+            L = (zl + ph) % C
+            if g_[L] - K - last_in_window == mn and (a if a else g1[g + w] - g1[g] + g0[C]) == 1:
+                mn += 1  # the last page's lane was the only one at the minimum
+            wsum -= g_[L]
+        key = (fit, mn, wsum)
+        if best is None or key > best:
+            best, f = key, ph
+    g = (f + s) % C
+    for j in range(g, g + w):
+        free[j if j < C else j - C] -= 1
+    if K:
+        free[:] = [v - K for v in free]
+    if partial:
+        transient[(zl + f) % C] += 1
     return f
 
 

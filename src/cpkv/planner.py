@@ -340,9 +340,14 @@ def _as_int_array(name: str, values: object, n: int | None) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise PlanError(f"{name} must be 1-D, got shape {arr.shape}")
-    if arr.size and arr.dtype == object and all(isinstance(v, int) for v in arr.tolist()):
-        bad = next(v for v in arr.tolist() if not _INT64_MIN <= v <= _INT64_MAX)
-        raise PlanError(f"{name} holds {bad}, outside the int64 range")
+    if arr.size and arr.dtype == object:  # Python ints (of any size) or anything else, one by one
+        items = arr.tolist()
+        for i, v in enumerate(items):
+            if _is_bool(v) or not isinstance(v, (int, np.integer)):
+                raise PlanError(f"{name}[{i}] is {v!r} ({type(v).__name__}), not an integer")
+            if not _INT64_MIN <= int(v) <= _INT64_MAX:
+                raise PlanError(f"{name} holds {int(v)}, outside the int64 range")
+        arr = np.array([int(v) for v in items], dtype=_I64)
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise PlanError(f"{name} must hold integers, got dtype {arr.dtype}: {arr[:8].tolist()}")
     if arr.size and arr.dtype == np.uint64 and int(arr.max()) > _INT64_MAX:

@@ -4,10 +4,7 @@ Decode steps (``alloc_decode``: E = 1 per request) and small calls (a few short 
 With at most one new page, C-ZIGZAG puts that page in segment 0, whose owner is the request's phase; so
 the allocation needs only each new page's lane under the policy in force, which is
 - ``rotation``: ``(prefix_len // P + req_index) % C`` (C-PHASE); ``legacy``: 0;
-- ``balanced``: C-BALANCED for one page reduces to "the lane with the most free pages, ties to the first
-  at or after the rotation phase, cyclically": placing one page on lane f leaves ``min_r free_r`` when
-  lane f is not a least-free lane and one less otherwise (criterion 1), and ``sum_r n_r(f) free_r`` is
-  ``free_f`` (criterion 2), so every most-free lane ties on both and criterion 3 picks among them.
+- ``balanced``: C-BALANCED's one rule (``allocator._balanced_phase`` with one page).
 A token then goes to ``last_loc + 1`` (head tokens, C-HEAD) or to ``page * P + offset`` of the new page.
 
 The result's ``plan`` is built on first access by ``plan_batch`` with the head owners and (under
@@ -87,7 +84,7 @@ def alloc_single_page(alloc: OwnerLaneAllocator, prefix_lens, extend_lens, last_
         return None
     new_rows, nxt = rows
     if new_rows.shape[0]:
-        lanes = _new_page_lanes(alloc, L0, new_rows)
+        lanes = _new_page_lanes(alloc, L0, E, new_rows)
         picked = _pick(alloc, lanes)
         if picked is None:
             return None  # a lane is short: the general path raises LaneExhausted
@@ -190,25 +187,23 @@ def _too_big(alloc: OwnerLaneAllocator, B: int, max_extend: int) -> bool:
     return 8 * (3 * B * max_extend + 2 * B) + 80 * B * (2 * alloc.config.cp_size + 1) > limits.MAX_ARRAY_BYTES
 
 
-def _new_page_lanes(alloc: OwnerLaneAllocator, L0: np.ndarray, new_rows: np.ndarray) -> list[int]:
-    """Lane of each new page (requests in batch order; each sees the pages of the earlier ones)."""
+def _new_page_lanes(alloc: OwnerLaneAllocator, L0: np.ndarray, E: np.ndarray | None, new_rows: np.ndarray) -> list[int]:
+    """Lane of each new page (requests in batch order; each sees the pages of the earlier ones). ``E``
+    None: one token per request (decode)."""
     cfg = alloc.config
     C, k = cfg.cp_size, new_rows.shape[0]
     if C == 1 or cfg.owner_policy == "legacy":
         return [0] * k
     P = cfg.page_size
-    rotation = [(L // P + i) % C for L, i in zip(L0[new_rows].tolist(), new_rows.tolist(), strict=True)]
+    rows = new_rows.tolist()
+    rotation = [(L // P + i) % C for L, i in zip(L0[new_rows].tolist(), rows, strict=True)]
     if cfg.owner_policy == "rotation":
         return rotation
-    free = alloc._top.tolist()
-    lanes = []
-    for f in rotation:  # C-BALANCED for one page: the most free lane, first from the rotation phase
-        most = max(free)
-        while free[f] != most:
-            f = f + 1 if f + 1 < C else 0
-        free[f] -= 1
-        lanes.append(f)
-    return lanes
+    from .allocator import _balanced_phase  # the one C-BALANCED rule (allocator imports this module)
+
+    end = (L0[new_rows] + (1 if E is None else E[new_rows])).tolist()
+    free, transient = alloc._top.tolist(), [0] * C
+    return [_balanced_phase(free, transient, 1, f, e % P != 0) for f, e in zip(rotation, end, strict=True)]
 
 
 def _pick(alloc: OwnerLaneAllocator, lanes: list[int]) -> tuple[np.ndarray, np.ndarray] | None:

@@ -171,6 +171,26 @@ class StepBuilder:
                 fits.append(self.add(*items[len(fits)]))
         return fits
 
+    def placed_pages(self) -> np.ndarray:
+        """New pages the batch so far takes per lane under the plan ``commit`` will allocate, int64 ``[C]``."""
+        if not self.keys:
+            return np.zeros(self.config.cp_size, dtype=_I64)
+        plan = self.alloc.plan_extend(self._L0, self._E, self._last)
+        return np.bincount(plan.page_owners, minlength=self.config.cp_size)
+
+    def chunks(self) -> dict:
+        """The batch so far: ``{key: chunk tokens}``, in batch order."""
+        return dict(zip(self.keys, self._E, strict=True))
+
+    def drop_last(self) -> None:
+        """Take the last request ``add`` accepted out of the batch again (its tokens back to the budget)."""
+        self.keys.pop()
+        L0, n = self._L0.pop(), self._E.pop()
+        self._last.pop()
+        self._pages -= pages_to_finish(L0 + n, L0, self.config.page_size)
+        self.tokens_left += n
+        self._seen.clear()
+
     def budget_fits_alone(self, prefix_len: int, last_loc: int) -> bool:
         """Whether the request's smallest chunk (one token) fits the logits budget in a step of its own
         (C-BUDGET); True without a budget. Example: one token at position L0 needs ``L0 + 1`` elements."""
@@ -295,10 +315,10 @@ class StepBuilder:
 
 
 def stuck_alone(
-    config: SimConfig, policy: str, held_pages: np.ndarray, prefix_len: int, last_page: int
+    config: SimConfig, policy: str, held_pages: np.ndarray, prefix_len: int, last_page: int, extend_len: int = 1
 ) -> int:
-    """The lane that blocks a request's one-token next chunk even with every other page of the pool free,
-    or -1 when it could run alone.
+    """The lane that blocks a request's next ``extend_len`` tokens (a one-token chunk, or an MTP step's K
+    slots) even with every other page of the pool free, or -1 when it could run alone.
 
     A scratch allocator with the same lanes holds only the request's own pages (``held_pages``: int64
     ``[k]``, its prefix and computed pages; ``last_page`` among them holds position ``prefix_len - 1``),
@@ -313,7 +333,7 @@ def stuck_alone(
     if prefix_len:
         where = int(np.flatnonzero(np.asarray(held_pages) == last_page)[0])
         last = int(pages[where]) * P + (prefix_len - 1) % P
-    plan = scratch.plan_extend([prefix_len], [1], [last])
+    plan = scratch.plan_extend([prefix_len], [extend_len], [last])
     short = np.bincount(plan.page_owners, minlength=C) - scratch.free_pages_per_lane()
     return int(np.argmax(short)) if (short > 0).any() else -1
 
@@ -330,20 +350,29 @@ def even_share(pages: Sequence[int] | np.ndarray, cp_size: int) -> np.ndarray:
     return -(-np.asarray(pages, dtype=_I64) // cp_size)
 
 
-def reservation_short(policy: str, pages_left: Sequence[int], room: np.ndarray) -> str | None:
+def reservation_short(
+    policy: str, pages_left: Sequence[int], room: np.ndarray, placed: np.ndarray | None = None
+) -> str | None:
     """Whether every admitted request can still finish: None, or what is short (``"total"``, ``"lane"``).
 
-    ``pages_left``: the new pages each admitted request still needs (``pages_to_finish``); ``room``: free +
-    evictable pages per lane, int64 ``[C]``. Always: the total fits. Under ``rotation`` and ``legacy``
-    (phases fixed by position, not by free pages) also every lane: it holds the even shares
-    (``even_share``) of all requests, the spread C-ZIGZAG gives a chunk of ``>= 2C`` pages and rotation
-    keeps for smaller ones. ``balanced`` needs no per-lane term: it sends a one-page chunk to a lane
+    ``pages_left``: the new pages each admitted request still needs after this step (``pages_to_finish``);
+    ``room``: free + evictable pages per lane, int64 ``[C]``; ``placed``: the new pages the step's batch
+    takes per lane under its plan (int64 ``[C]``; none when omitted). Always: the total fits. Under
+    ``rotation`` and ``legacy`` (phases fixed by position and batch index, not by free pages) also every
+    lane: it holds what the step places there plus the even shares (``even_share``) of every request's
+    later pages, the spread C-ZIGZAG gives a chunk of ``>= 2C`` pages and rotation keeps for smaller
+    ones. Counting the step's own pages where its plan puts them (not ``ceil(m / C)`` on every lane) lets
+    a burst of one-page requests form the batch C-ROTATION-SPREADS describes: at batch indices 0..C-1 they
+    take one page on each lane. ``balanced`` needs no per-lane term: it sends a one-page chunk to a lane
     with a free page, so while the total fits the oldest request can always advance. ``legacy`` with
     chunks of fewer than 2C pages piles them on lane 0 instead of spreading them; the livelock that
-    follows is the policy's own, and the report shows it.
+    follows is the policy's own, and the report shows it. Example C=2, room [3, 3], rotation: pages left
+    [4] -> shares [2] per lane, None; placed [2, 0] with pages left [2] -> lane 0 needs 2 + 1 = 3, None.
     """
-    if sum(pages_left) > int(room.sum()):
+    step = int(placed.sum()) if placed is not None else 0
+    if sum(pages_left) + step > int(room.sum()):
         return "total"
-    if policy == "balanced" or (int(even_share(pages_left, room.shape[0]).sum()) <= room).all():
+    if policy == "balanced":
         return None
-    return "lane"
+    need = int(even_share(pages_left, room.shape[0]).sum()) + (placed if placed is not None else 0)
+    return None if (need <= room).all() else "lane"

@@ -52,10 +52,11 @@ class _Running:
     handle: object  # lock handle of the matched prefix
     own_pages: list = field(default_factory=list)  # arrays of pages allocated for this request
     decoded: int = 0
+    redo: int = 0  # output tokens whose KV a retraction dropped: prefilled again after the prompt
 
     @property
     def remaining(self) -> int:
-        return self.req.input_length - self.done
+        return self.req.input_length + self.redo - self.done
 
     @property
     def last_loc(self) -> int:
@@ -118,6 +119,9 @@ class PolicyRun:
         self.logits_peak = 0
         self.last_short_lane = -1
         self.livelock: dict | None = None
+        self.retractions = 0
+        self._redo: dict[int, int] = {}  # req_id -> output tokens a retracted request had emitted
+        self._hold_admission = False  # after a retraction, until an admitted request advances
         self._tokens: dict[int, np.ndarray] = {}  # token ids of waiting requests already tried
         self._kept = np.zeros(self.alloc.num_pages, dtype=bool)  # scratch of _retire, all False between calls
 
@@ -137,11 +141,14 @@ class PolicyRun:
                 self.now_ms = arrivals[0].arrival_ms  # idle until the next arrival
             while arrivals and arrivals[0].arrival_ms <= self.now_ms:
                 self.waiting.append(arrivals.popleft())
-            before = self.finished + len(self.rejections)
+            before = self.finished + len(self.rejections), self.retractions
             progressed = self._step()
-            if on_progress is not None and self.finished + len(self.rejections) != before:
+            if on_progress is not None and self.finished + len(self.rejections) != before[0]:
                 on_progress(self.finished + len(self.rejections))
-            stalled = 0 if progressed or self.finished + len(self.rejections) != before else stalled + 1
+            if progressed or self.finished + len(self.rejections) != before[0]:
+                stalled = 0
+            elif self.retractions == before[1]:  # a retraction is neither progress nor a stall
+                stalled += 1
             if stalled >= self.cfg.livelock_steps:
                 self._record_livelock(stalled)
                 break
@@ -168,9 +175,12 @@ class PolicyRun:
             self.logits_peak = max(self.logits_peak, int(batch[2].max()))
             self._advance(*batch[:2])
         elif decode_tokens is None and (self.running or self.decoding):
-            self._reject_if_stuck_alone(min(self.running + self.decoding, key=lambda r: r.req.req_id))
+            self._unblock(min(self.running + self.decoding, key=lambda r: r.req.req_id))
         self.rec.record(self.now_ms, self.alloc.used_pages_per_lane(), work if batch is not None else None)
-        return batch is not None or decode_tokens is not None
+        if batch is not None or decode_tokens is not None:
+            self._hold_admission = False
+            return True
+        return False
 
     def _note(self, fit: Fit) -> Fit:
         """Count what cut a chunk: the logits budget, or a lane without free or evictable pages."""
@@ -186,6 +196,8 @@ class PolicyRun:
         """Admission in arrival order while the pool can finish every admitted request and the newcomer's
         first chunk fits this step. A request short of room in total stops admission (FCFS); one held back
         only by a lane lets the requests behind it try (their pages may go to other lanes)."""
+        if self._hold_admission and (self.running or self.decoding):
+            return  # the pages a retraction freed go to the admitted requests first
         P = self.cfg.page_size
         usable = int(self.alloc.capacity_per_lane.sum())
         i = 0
@@ -203,9 +215,14 @@ class PolicyRun:
                 self._drop_waiting(i, self._budget_reason(run.done))
                 continue
             others = self.running + self.decoding
-            short = reservation_short(self.policy if others else "balanced",  # room: re-read by _start's lock
-                                      [self._pages_left(r) for r in (*others, run)], self.builder.room)  # fmt: skip
+            # room: re-read by _start's lock; first the total, then (phases fixed by position) every lane
+            short = reservation_short("balanced", [self._pages_left(r) for r in (*others, run)], self.builder.room)
             fit = self._note(self.builder.add(run, run.done, run.remaining, run.last_loc)) if not short else None
+            if fit is not None and fit.tokens and others and self.policy != "balanced":
+                short = self._lane_reservation_short((*others, run))
+                if short:
+                    self.builder.drop_last()
+                    fit = None
             if fit is not None and fit.tokens:
                 del self.waiting[i]
                 self._tokens.pop(req.req_id, None)
@@ -220,6 +237,14 @@ class PolicyRun:
                 i += 1
             else:
                 return  # short of pages in total, or the step's token or logits budget is spent
+
+    def _lane_reservation_short(self, admitted: Sequence[_Running]) -> str | None:
+        """``reservation_short`` per lane: the step's batch as planned, then every admitted request's later
+        pages (its pages left after its chunk of this step) as even shares."""
+        chunk = self.builder.chunks()
+        P = self.cfg.page_size
+        left = [pages_to_finish(self._kv_tokens(r.req), r.done + r.decoded + chunk.get(r, 0), P) for r in admitted]
+        return reservation_short(self.policy, left, self.builder.room, self.builder.placed_pages())
 
     def _total_room_for(self, req: Request) -> bool:
         """Whether the pool, in total, can take ``req`` besides what admitted requests still need (checked
@@ -248,7 +273,7 @@ class PolicyRun:
         self.builder.refresh_room()
         slots = np.empty(req.input_length + req.output_length, dtype=_I64)  # written as positions get KV
         slots[: match.device_len] = match.device_slots
-        return _Running(req, tokens, slots, match.device_len, match.handle)
+        return _Running(req, tokens, slots, match.device_len, match.handle, redo=self._redo.get(req.req_id, 0))
 
     def _kv_tokens(self, req: Request) -> int:
         """KV slots ``req`` holds at its peak, the figure admission and reservations use: its prompt; with
@@ -273,7 +298,11 @@ class PolicyRun:
             r.done += n
             self.prefill_tokens += n
             if r.remaining == 0:
-                self.ttft_ms.append(self.now_ms - r.req.arrival_ms)
+                if r.req.req_id in self._redo:  # retracted while decoding: its first token was out already
+                    del self._redo[r.req.req_id]
+                    r.done, r.decoded = r.req.input_length, r.redo
+                else:
+                    self.ttft_ms.append(self.now_ms - r.req.arrival_ms)
                 self.running.remove(r)
                 if self.cfg.colocated_decode and r.req.output_length > 0:
                     self.decoding.append(r)
@@ -351,15 +380,36 @@ class PolicyRun:
         self._tokens.pop(req.req_id, None)
         self.rejections[req.req_id] = reason
 
-    def _reject_if_stuck_alone(self, r: _Running) -> None:
-        """In a step where nothing advanced: reject the oldest request if it could not run even with every
-        other page of the pool free (its policy puts its next page on a lane full of its own pages)."""
-        kv = r.done + r.decoded  # tokens whose KV exists (prompt, then decode)
-        held = np.unique(r.slots[:kv] // self.cfg.page_size) if kv else np.zeros(0, _I64)
-        last_page = int(r.slots[kv - 1]) // self.cfg.page_size if kv else -1
-        lane = stuck_alone(self.cfg, self.policy, held, kv, last_page)
+    def _unblock(self, oldest: _Running) -> None:
+        """In a step where nothing advanced: reject the oldest admitted request if it could not run even
+        with every other page of the pool free (its policy puts its next chunk, or its decode step's
+        slots, on a lane full of its own pages), else retract the youngest decoding request."""
+        kv = oldest.done + oldest.decoded  # tokens whose KV exists (prompt, then decode)
+        held = np.unique(oldest.slots[:kv] // self.cfg.page_size) if kv else np.zeros(0, _I64)
+        last_page = int(oldest.slots[kv - 1]) // self.cfg.page_size if kv else -1
+        step = self.decode_builder.config.chunk_size if oldest in self.decoding else 1  # K slots, or one token
+        lane = stuck_alone(self.cfg, self.policy, held, kv, last_page, step)
         if lane >= 0:
-            self._reject(r, self._lane_reason(lane, "its own pages"))
+            self._reject(oldest, self._lane_reason(lane, "its own pages"))
+        elif self.decoding:
+            self._retract(max(self.decoding, key=lambda r: r.req.req_id))
+
+    def _retract(self, r: _Running) -> None:
+        """Retract a decoding request as an engine does when decode steps block each other (SGLang's
+        ``retract_decode``): its matched prefix stays in the cache (unlocked), every page it allocated is
+        freed, and it waits again in arrival order; re-admitted, it prefills its prompt's uncached part
+        and the ``decoded`` tokens whose KV was dropped, then decodes the rest. Admission waits until an
+        admitted request advances, so the freed pages go to the blocked ones."""
+        self.decoding.remove(r)
+        self.cache.unlock(r.handle)
+        if r.own_pages:
+            self.alloc.free(np.concatenate(r.own_pages))
+        self._redo[r.req.req_id] = r.decoded
+        at = next((i for i, w in enumerate(self.waiting) if w.req_id > r.req.req_id), len(self.waiting))
+        self.waiting.insert(at, r.req)
+        self.retractions += 1
+        self._hold_admission = True
+        self.builder.refresh_room()
 
     def _lane_reason(self, lane: int, what: str) -> str:
         cap = int(self.alloc.capacity_per_lane[lane])
@@ -413,6 +463,7 @@ class PolicyRun:
             "steps": self.rec.num_steps,
             "sim_time_ms": self.now_ms,
             "leaked_pages": self._leaked_pages(),
+            "retractions": self.retractions,
             **(self.spec.metrics() if self.spec else {}),
             "load_back_pages": counters["load_backs"],
             "host_backups": counters["backups"],

@@ -128,8 +128,9 @@ def _title(config: dict, results: list, status: str) -> str:
 
 def _row_title(ax, r) -> None:
     m = r.metrics
-    ax.set_title(f"{r.policy}:  lane_imbalance_peak {m['lane_imbalance_peak']:.4f}   "
-                 f"lane_imbalance_mean {m['lane_imbalance_mean']:.4f}", fontsize=10, loc="left")  # fmt: skip
+    mean = m["lane_imbalance_mean"]
+    ax.set_title(f"{r.policy}:  lane_imbalance_peak {m['lane_imbalance_peak']:.4f}   lane_imbalance_mean "
+                 f"{'- (no step counted)' if mean is None else f'{mean:.4f}'}", fontsize=10, loc="left")  # fmt: skip
     if m.get("livelock_detected"):
         lane = (m.get("livelock") or {}).get("lane", -1)
         where = f" (lane {lane} full)" if lane is not None and lane >= 0 else ""
@@ -158,10 +159,11 @@ def _draw_curve(ax, r, Q) -> None:
     ax.plot(t, hi, color="tab:blue", lw=1.0, zorder=3, label=label)
     mean = r.metrics["lane_imbalance_mean"]
     counted = np.flatnonzero(np.isfinite(ratio))
-    if counted.size:  # over the steps it averages
+    if counted.size and mean is not None:  # over the steps it averages
         ax.hlines(mean, times[counted[0]], times[counted[-1]], color="tab:orange", lw=1.2, ls="--", zorder=2.5,
                   label="lane_imbalance_mean, over the counted steps (value in each row title)")  # fmt: skip
     ax.axhline(1.0, color="0.5", lw=0.6, ls=":", zorder=1, label="1.0 = every lane equally used")
+    mean = 1.0 if mean is None else mean
     top = np.nanmax(hi) if np.isfinite(hi).any() else mean
     span = max(top, mean) - 1.0
     ax.set_ylim(1.0 - 0.05 * max(span, 1e-4), max(top, mean) + 0.12 * max(span, 1e-4))

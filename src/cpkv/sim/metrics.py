@@ -57,7 +57,8 @@ def lane_metrics(used: np.ndarray, pages_per_lane: int | Sequence[int]) -> dict:
 
     Returns ``lane_pages_peak`` (int ``[C]``: ``max_t used_r``), ``lane_imbalance_peak``
     (``max_t max_r u / max_t mean_r u``), ``lane_imbalance_mean`` (mean over steps with
-    ``mean_r u >= BUSY_FRACTION`` (a fraction of a full lane) of ``max_r u / mean_r u``; 1.0 when no step qualifies), where
+    ``mean_r u >= BUSY_FRACTION`` (a fraction of a full lane) of ``max_r u / mean_r u``; None when no step qualifies:
+    a pool never that full says nothing about balance), where
     ``u_r = used_r / Q_r`` is lane r's fill. With equal lanes (one int Q) the ratios are exactly SPEC's
     formulas on pages (dividing every lane by the same Q changes no ratio); with unequal lanes
     (``pages_per_lane`` a sequence of C ints, e.g. ``[9, 10, 10, 10]``) a pool filled in proportion to
@@ -66,13 +67,13 @@ def lane_metrics(used: np.ndarray, pages_per_lane: int | Sequence[int]) -> dict:
     """
     caps = np.broadcast_to(np.asarray(pages_per_lane, dtype=np.float64), (used.shape[1],))  # [C]
     if used.shape[0] == 0:
-        return {"lane_pages_peak": [0] * used.shape[1], "lane_imbalance_peak": 1.0, "lane_imbalance_mean": 1.0}
+        return {"lane_pages_peak": [0] * used.shape[1], "lane_imbalance_peak": 1.0, "lane_imbalance_mean": None}
     fill = used.astype(np.float64) / caps  # [steps, C]
     mean = fill.mean(axis=1)
     peak_mean = float(mean.max())
     imbalance_peak = float(fill.max()) / peak_mean if peak_mean > 0 else 1.0
     busy = mean >= BUSY_FRACTION  # of a full lane
-    imbalance_mean = float((fill[busy].max(axis=1) / mean[busy]).mean()) if busy.any() else 1.0
+    imbalance_mean = float((fill[busy].max(axis=1) / mean[busy]).mean()) if busy.any() else None
     return {
         "lane_pages_peak": used.max(axis=0).astype(np.int64).tolist(),
         "lane_imbalance_peak": imbalance_peak,

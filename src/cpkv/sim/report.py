@@ -24,7 +24,7 @@ REPORT_FIELDS = (
     "requests_total", "requests_finished", "requests_rejected", "prefill_tokens", "cache_hit_tokens",
     "lane_pages_peak", "lane_imbalance_peak", "lane_imbalance_mean", "compute_imbalance",
     "compute_imbalance_mean", "owner_lane_exhausted", "load_back_owner_lane_capacity_failed", "evicted_pages",
-    "livelock_detected", "ttft_ms_p50", "ttft_ms_p99", "mqa_logits_peak_elements", "logits_budget_elements",
+    "livelock_detected", "retractions", "ttft_ms_p50", "ttft_ms_p99", "mqa_logits_peak_elements", "logits_budget_elements",
     "logits_budget_cuts", "sim_wall_s",
 )  # fmt: skip
 """Metrics every policy's entry in ``report.json`` carries (issues 8, 11; formulas in docs/metrics.md)."""

@@ -30,6 +30,10 @@ VOCAB_SIZE = 2**31 - 1
 
 _INT64_MAX = 2**63 - 1
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+MAX_TIMESTAMP_MS = float(2**43)
+"""Largest arrival (ms after the first line) and largest float timestamp a trace may hold: below 2**43 ms
+(about 279 years) float64 resolves ``TIMESTAMP_RESOLUTION_MS``, so simulated step times are not rounded."""
+TIMESTAMP_RESOLUTION_MS = 2.0**-10
 
 
 class TraceError(CpkvError, ValueError):
@@ -67,7 +71,7 @@ class Request(msgspec.Struct, frozen=True):
 class _TraceLine(msgspec.Struct):
     """One JSONL line as the typed decoder checks it (fast path); extra fields are ignored."""
 
-    timestamp: Annotated[float, msgspec.Meta(ge=0)]
+    timestamp: Annotated[int, msgspec.Meta(ge=0)] | Annotated[float, msgspec.Meta(ge=0)]  # ints stay exact
     input_length: Annotated[int, msgspec.Meta(ge=1, le=_INT64_MAX)]
     output_length: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)]
     hash_ids: tuple[Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)], ...]
@@ -80,7 +84,8 @@ _ANY_DECODER = msgspec.json.Decoder()
 def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) -> list[Request]:
     """Load a Mooncake JSONL trace, validating every field of every line read before returning.
 
-    Each line is one JSON object with ``timestamp`` (ms, int or float, >= 0, non-decreasing),
+    Each line is one JSON object with ``timestamp`` (ms, int or float, >= 0, non-decreasing; arrivals are
+    rebased to the first line's timestamp, exactly for integers, so a trace may carry epoch times),
     ``input_length`` (int >= 1), ``output_length`` (int >= 0) and ``hash_ids`` (list of ints in
     ``[0, 2**63)``, exactly ``ceil(input_length / 512)`` of them; the real conversation trace satisfies
     this on all 12,031 lines). JSON booleans are not integers; integral floats such as ``512.0`` are not
@@ -93,12 +98,14 @@ def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) ->
             are neither decoded nor validated. ``None`` reads the whole file.
 
     Returns:
-        ``Request`` records, ``req_id`` = 0-based line order, ``arrival_ms = float(timestamp)``.
+        ``Request`` records, ``req_id`` = 0-based line order, ``arrival_ms = timestamp - first timestamp``
+        (float64 ms).
 
     Raises:
         TraceError: the file cannot be read, holds no request line, or a line is malformed or would need
-            more than ``cpkv.limits.MAX_ARRAY_BYTES`` (8 B per prompt token twice, per output token once);
-            the message is ``"{path}:{lineno}: {what}"`` naming the field and value. Nothing is returned.
+            more than ``cpkv.limits.MAX_ARRAY_BYTES`` (8 B per prompt token twice, per output token once), or
+            a timestamp float64 cannot hold to ``TIMESTAMP_RESOLUTION_MS`` (a float at or above
+            ``MAX_TIMESTAMP_MS``, or a rebased arrival there: step times would be rounded away); the message is ``"{path}:{lineno}: {what}"`` naming the field and value. Nothing is returned.
         ConfigError: ``max_requests`` is not an int >= 1.
     """
     if max_requests is not None:
@@ -117,7 +124,7 @@ def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) ->
     if max_requests is not None:
         end = min(end, max_requests)
     requests: list[Request] = []
-    previous_ms = 0.0
+    previous_ms = first_ms = 0
     for index in range(end):
         where = f"{name}:{index + 1}"
         raw = lines[index]
@@ -125,6 +132,14 @@ def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) ->
             line = _LINE_DECODER.decode(raw)
         except msgspec.MsgspecError as exc:
             raise TraceError(_diagnose(raw, where, exc)) from None
+        if index == 0:
+            previous_ms = first_ms = line.timestamp
+        if isinstance(line.timestamp, float) and line.timestamp >= MAX_TIMESTAMP_MS:
+            raise TraceError(
+                f"{where}: field 'timestamp' is {line.timestamp!r} ms, a float too large for float64 to hold to "
+                f"{TIMESTAMP_RESOLUTION_MS} ms (at most {MAX_TIMESTAMP_MS:.0f}): write integer milliseconds, or "
+                f"times relative to the trace's start"
+            )
         if line.timestamp < previous_ms:
             raise TraceError(
                 f"{where}: field 'timestamp' is {line.timestamp!r} ms, before the previous line's "
@@ -144,7 +159,13 @@ def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) ->
                 f"(cpkv.limits.MAX_ARRAY_BYTES)"
             )
         previous_ms = line.timestamp
-        requests.append(Request(index, line.timestamp, line.input_length, line.output_length, line.hash_ids))
+        arrival_ms = line.timestamp - first_ms if first_ms else line.timestamp  # exact for ints (Python ints)
+        if arrival_ms >= MAX_TIMESTAMP_MS:
+            raise TraceError(
+                f"{where}: field 'timestamp' is {line.timestamp!r} ms, {arrival_ms!r} ms after the first line's: "
+                f"beyond {MAX_TIMESTAMP_MS:.0f} ms float64 cannot hold times to {TIMESTAMP_RESOLUTION_MS} ms"
+            )
+        requests.append(Request(index, float(arrival_ms), line.input_length, line.output_length, line.hash_ids))
     return requests
 
 

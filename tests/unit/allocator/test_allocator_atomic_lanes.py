@@ -85,9 +85,9 @@ def test_any_short_lane_takes_nothing(C, P, policy, caps, held, lens):
             alloc.alloc_pages([r % C])
     free = alloc.free_pages_per_lane().tolist()
     need = [0] * C
+    phases = oracle.balanced_phases([0] * len(lens), lens, C, P, free) if policy == "balanced" else None
     for i, E in enumerate(lens):  # the oracle's page owners (C-BALANCED sees the earlier requests' pages)
-        left = [f - n for f, n in zip(free, need, strict=True)]
-        phase = oracle.balanced_phase(0, E, C, P, i, left) if policy == "balanced" else None
+        phase = phases[i] if phases else None
         for r in oracle.plan_request(0, E, C, P, i, phase=phase, policy=policy)["page_owners"]:
             need[r] += 1
     short = [r for r in range(C) if need[r] > free[r]]

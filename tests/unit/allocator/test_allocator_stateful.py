@@ -32,17 +32,14 @@ def expected_batch(L0s, Es, lasts, C, P, policy, free_per_lane):
     """Oracle plan of a batch as the allocator must make it: list of per-request oracle plans.
 
     Head owner = lane of ``last_loc``'s page. Under ``balanced`` each request's phase follows C-BALANCED
-    (``oracle.balanced_phase``), after subtracting the pages of the earlier requests.
+    (``oracle.balanced_phases``: the earlier requests' pages and transient last pages).
     """
-    free = list(free_per_lane)
+    phases = oracle.balanced_phases(L0s, Es, C, P, list(free_per_lane)) if policy == "balanced" else None
     plans = []
     for i, (L0, E, last) in enumerate(zip(L0s, Es, lasts, strict=True)):
         head = (last // P) % C if L0 > 0 else None
-        phase = oracle.balanced_phase(L0, E, C, P, i, free) if policy == "balanced" else None
-        plan = oracle.plan_request(L0, E, C, P, req_index=i, head_owner=head, phase=phase, policy=policy)
-        for r in plan["page_owners"]:
-            free[r] -= 1
-        plans.append(plan)
+        phase = phases[i] if phases else None
+        plans.append(oracle.plan_request(L0, E, C, P, req_index=i, head_owner=head, phase=phase, policy=policy))
     return plans
 
 

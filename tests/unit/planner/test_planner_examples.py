@@ -3,7 +3,15 @@
 import numpy as np
 import pytest
 
-from cpkv import CPConfig, PlanError, UnsupportedPagePlan, owner_lane_phase, plan_batch, plan_request
+from cpkv import (
+    CPConfig,
+    OwnerLaneAllocator,
+    PlanError,
+    UnsupportedPagePlan,
+    owner_lane_phase,
+    plan_batch,
+    plan_request,
+)
 from cpkv.planner import zigzag_lane_pages
 
 pytestmark = pytest.mark.unit
@@ -169,3 +177,22 @@ def test_positions_beyond_2_pow_53_and_outside_int64_are_plan_errors():
         plan_batch(np.array([2**64 - 1], dtype=np.uint64), [1], C4P64)
     with pytest.raises(PlanError, match="outside the int64 range"):
         plan_batch([10**25], [1], C4P64)
+
+
+@pytest.mark.clause("C-FAIL-FAST")
+def test_object_arrays_of_ints_are_accepted_and_anything_else_is_typed():
+    """A numpy object array of Python ints (what ``np.array(list_of_python_ints_and_more)`` can give) plans
+    like the ints themselves; one holding a bool, a string or an int beyond int64 is a PlanError naming it
+    (it used to escape as a bare StopIteration from every entry point that coerces lengths)."""
+    want = plan_batch([0, 128], [7, 300], C4P64)
+    got = plan_batch(np.array([0, 128], dtype=object), np.array([7, 300], dtype=object), C4P64)
+    assert got.page_owners.tolist() == want.page_owners.tolist()
+    assert got.per_rank_tokens.tolist() == want.per_rank_tokens.tolist()
+    for bad, what in ((True, r"extend_lens\[0\] is True \(bool\), not an integer"),
+                      ("7", r"extend_lens\[0\] is '7' \(str\), not an integer"),
+                      (2**70, "extend_lens holds 1180591620717411303424, outside the int64 range")):  # fmt: skip
+        with pytest.raises(PlanError, match=what):
+            plan_batch([0], np.array([bad], dtype=object), C4P64)
+    alloc = OwnerLaneAllocator(C4P64, 8)
+    res = alloc.alloc_extend([0], np.array([7], dtype=object), [-1])
+    assert res.out_cache_loc_cpu.tolist() == list(range(256, 263))

@@ -103,6 +103,13 @@ def test_metric_definitions():
     assert compute_imbalance(np.zeros((0, 2))) == 1.0 == compute_imbalance_mean(np.zeros((0, 2)))
 
 
+def test_lane_imbalance_mean_is_null_when_no_step_counts():
+    # Q=100: no step reaches a mean of 10 pages per lane, so the mean says nothing (it used to read 1.0)
+    out = lane_metrics(np.array([[1, 0], [9, 0]]), pages_per_lane=100)
+    assert out["lane_imbalance_mean"] is None and out["lane_imbalance_peak"] == 2.0
+    assert lane_metrics(np.zeros((0, 2), np.int32), 100)["lane_imbalance_mean"] is None
+
+
 def test_lane_metrics_with_unequal_lanes():
     # Lanes of 10 and 20 pages, filled in proportion (5 and 10 pages): fills 0.5 and 0.5 -> balanced.
     out = lane_metrics(np.array([[5, 10]]), pages_per_lane=[10, 20])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +72,7 @@ def test_load_good_file(tmp_path):
 def test_load_accepts_crlf_and_no_final_newline(tmp_path):
     path = tmp_path / "crlf.jsonl"
     path.write_bytes((_line(timestamp=1) + "\r\n" + _line(timestamp=2)).encode())
-    assert [r.arrival_ms for r in load_trace(path)] == [1.0, 2.0]
+    assert [r.arrival_ms for r in load_trace(path)] == [0.0, 1.0]  # rebased to the first line
 
 
 def test_max_requests_reads_only_the_first_lines(tmp_path):
@@ -133,7 +134,7 @@ MALFORMED = [
     (
         "timestamp_decreasing",
         _line(timestamp=99),
-        "field 'timestamp' is 99.0 ms, before the previous line's 100.0 ms (timestamps must be non-decreasing)",
+        "field 'timestamp' is 99 ms, before the previous line's 100 ms (timestamps must be non-decreasing)",
     ),
     ("blank_between", "", "blank line (blank lines are allowed only after the last request)"),
     ("whitespace_between", "  \t", "blank line (blank lines are allowed only after the last request)"),
@@ -300,3 +301,28 @@ def test_token_ids_reject_inconsistent_request():
     assert str(info.value) == "request 5: hash_ids holds a negative block id -2"
     with pytest.raises(ConfigError, match="block_size must be >= 1, got 0"):
         prompt_token_ids(_request([1], 1), block_size=0)
+
+
+def test_arrivals_are_rebased_to_the_first_timestamp_exactly(tmp_path):
+    """Epoch-style integer timestamps: rebased exactly (1.7e18 as a float would have a spacing of 256 ms and
+    quantise every TTFT); the same trace at offset 0 gives the same arrivals."""
+    base = 1_700_000_000_000_000_000
+    path = _write(tmp_path, [_line(timestamp=base), _line(timestamp=base + 12), _line(timestamp=base + 676)])
+    assert [r.arrival_ms for r in load_trace(path)] == [0.0, 12.0, 676.0]
+    floats = _write(tmp_path, [_line(timestamp=10.25), _line(timestamp=11.5)], name="floats.jsonl")
+    assert [r.arrival_ms for r in load_trace(floats)] == [0.0, 1.25]
+
+
+@pytest.mark.parametrize(
+    ("stamps", "line", "what"),
+    [
+        ([1.7e18, 1.7e18], 1, "is 1.7e+18 ms, a float too large for float64 to hold to 0.0009765625 ms"),
+        ([1e308], 1, "is 1e+308 ms, a float too large for float64"),
+        ([5, 2**44], 2, "is 17592186044416 ms, 17592186044411 ms after the first line's: beyond 8796093022208 ms"),
+    ],
+    ids=["float-epoch", "float-huge", "span"],
+)
+def test_timestamps_float64_cannot_space_are_rejected(tmp_path, stamps, line, what):
+    path = _write(tmp_path, [_line(timestamp=t) for t in stamps])
+    with pytest.raises(TraceError, match=rf"^{re.escape(str(path))}:{line}: field 'timestamp' {re.escape(what)}"):
+        load_trace(path)
