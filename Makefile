@@ -55,7 +55,7 @@ $(SGLANG_BIN)/.installed: pyproject.toml $(SGLANG_REQS)
 	touch $@
 
 # SGLang 0.5.9, for the differential tests of its CP metadata: a venv of its own for sglang 0.5.9 and the
-# five modules it imports that 0.5.23's set lacks (about 6 MB, 10-20 s), layered over .venv-sglang's
+# five modules it imports that 0.5.23's set lacks (a 7 MB download, about 30 s), layered over .venv-sglang's
 # packages by a .pth file (its own site-packages come first, so `import sglang` is 0.5.9).
 $(SGLANG059_BIN)/.installed: $(SGLANG_BIN)/.installed $(SGLANG059_REQS)
 	rm -rf $(SGLANG059_VENV)
