@@ -346,6 +346,7 @@ class _Int32Tensors:
         self.device = device
 
     def __call__(self, name: str, values) -> torch.Tensor:
-        if max(np.ravel(values), default=0) > _INT32_MAX:
-            raise PlanError(f"{name} holds {max(np.ravel(values))}, above SGLang's int32 metadata range")
+        top = int(np.max(values, initial=0))
+        if top > _INT32_MAX:
+            raise PlanError(f"{name} holds {top}, above SGLang's int32 metadata range")
         return torch.tensor(values, dtype=torch.int32, device=self.device)
