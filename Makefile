@@ -1,6 +1,7 @@
 # Two entry points that work on a fresh machine: `make demo` and `make test`.
 # Both create .venv and install cpkv into it first. `make test-sglang` runs the SGLang integration tests
-# in their own .venv-sglang (SGLang 0.5.23 without its dependencies, plus the pinned set it imports).
+# in their own .venv-sglang (SGLang 0.5.23 without its dependencies, plus the pinned set it imports), and
+# the SGLang 0.5.9 differential tests in .venv-sglang059 (0.5.9 over .venv-sglang's packages).
 # `make test-quick` is the edit loop: unit tests without the ones marked slow or distributed (CI
 # runs `make test`, everything).
 PYTHON ?= python3
@@ -17,6 +18,9 @@ TRITON_SPEC ?= triton==3.9.0
 SGLANG_VENV ?= .venv-sglang
 SGLANG_BIN  := $(SGLANG_VENV)/bin
 SGLANG_REQS := tests/integration/sglang/requirements.txt
+SGLANG059_VENV ?= .venv-sglang059
+SGLANG059_BIN  := $(SGLANG059_VENV)/bin
+SGLANG059_REQS := tests/integration/sglang059/requirements.txt
 
 .PHONY: install demo test test-quick test-sglang bench-sglang-quick lint clean
 
@@ -50,9 +54,22 @@ $(SGLANG_BIN)/.installed: pyproject.toml $(SGLANG_REQS)
 	$(SGLANG_BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
+# SGLang 0.5.9, for the differential tests of its CP metadata: a venv of its own for sglang 0.5.9 and the
+# five modules it imports that 0.5.23's set lacks (a 7 MB download, about 30 s), layered over .venv-sglang's
+# packages by a .pth file (its own site-packages come first, so `import sglang` is 0.5.9).
+$(SGLANG059_BIN)/.installed: $(SGLANG_BIN)/.installed $(SGLANG059_REQS)
+	rm -rf $(SGLANG059_VENV)
+	$(PYTHON) -m venv $(SGLANG059_VENV)
+	base=$$($(SGLANG_BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	own=$$($(SGLANG059_BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	echo "import site; site.addsitedir('$$base')" > "$$own/zz_cpkv_sglang_base.pth"
+	$(SGLANG059_BIN)/python -m pip install -q --no-deps -r $(SGLANG059_REQS)
+	touch $@
+
 # CPKV_REQUIRE_SGLANG=1: a failing `import sglang` fails the run instead of skipping every test.
-test-sglang: $(SGLANG_BIN)/.installed
+test-sglang: $(SGLANG_BIN)/.installed $(SGLANG059_BIN)/.installed
 	CPKV_REQUIRE_SGLANG=1 $(SGLANG_BIN)/python -m pytest -q -m sglang tests/integration/sglang
+	CPKV_REQUIRE_SGLANG=1 $(SGLANG059_BIN)/python -m pytest -q -m sglang tests/integration/sglang059
 
 # The benchmark against SGLang's own allocator and radix cache, short form (CI runs it after test-sglang).
 bench-sglang-quick: $(SGLANG_BIN)/.installed
@@ -65,4 +82,4 @@ lint: install
 	$(BIN)/ruff check src tests benchmarks examples
 
 clean:
-	rm -rf $(VENV) $(SGLANG_VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(SGLANG_VENV) $(SGLANG059_VENV) build *.egg-info src/*.egg-info .pytest_cache

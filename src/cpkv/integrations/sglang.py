@@ -84,7 +84,7 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         Raises: ConfigError for a bad ``cp_size`` or policy (checked now, not at SGLang's construction).
         """
         CPConfig(cp_size, 1, owner_policy)
-        attrs = {"default_cp_size": int(cp_size), "default_owner_policy": owner_policy}
+        attrs = {"default_cp_size": int(cp_size), "default_owner_policy": owner_policy, "__module__": cls.__module__}
         return type(f"{cls.__name__}CP{int(cp_size)}", (cls,), attrs)
 
     @property
