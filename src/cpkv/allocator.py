@@ -15,21 +15,16 @@ from itertools import accumulate
 import numpy as np
 
 from .allocation import ExtendAllocation
-from .config import CPConfig, check_int, per_lane_ints
-from .errors import AllocatorError, ConfigError, LaneExhausted, PlanError
+from .config import CPConfig
+from .errors import AllocatorError, ConfigError, LaneExhausted
 from .kernels.backend import interpreter_requested, kernel_mode, use_kernels
 from .layout import check_pool_kind
 from .limits import check_bytes
 from .plan_memo import PlanMemo
-from .planner import (
-    BatchPlan,
-    _as_int_array,
-    _lengths,
-    _plan_checked,
-    expand_runs,
-    offsets_within_key,
-)
+from .planner import BatchPlan, plan_arrays
+from .runs import expand_runs, offsets_within_key
 from .single_page import SinglePageTables, alloc_single_page
+from .validate import as_int_array, check_int, lengths, per_lane_ints
 
 _I64, _U64 = np.int64, np.uint64
 
@@ -266,7 +261,7 @@ class OwnerLaneAllocator:
         fast = alloc_single_page(self, seq_lens, None, last_locs)
         if fast is not None:
             return fast
-        L0 = _as_int_array("seq_lens", seq_lens, None)
+        L0 = as_int_array("seq_lens", seq_lens)
         return self._alloc_planned(L0, np.ones_like(L0), last_locs)
 
     # ------------------------------------------------------------------- speculative decoding (C-DRAFT)
@@ -292,7 +287,7 @@ class OwnerLaneAllocator:
                 nothing is allocated.
         """
         k = check_int("num_draft_tokens", num_draft_tokens, 1, error=AllocatorError)
-        L0 = _as_int_array("seq_lens", seq_lens, None)
+        L0 = as_int_array("seq_lens", seq_lens)
         return self.alloc_extend(L0, np.full_like(L0, k), last_locs)
 
     def release_tail(self, page_ids, new_len: int) -> np.ndarray:
@@ -398,20 +393,14 @@ class OwnerLaneAllocator:
             raise AllocatorError(f"{what} page {int(uniq[cnt > 1][0])}: listed more than once")
 
     def _pages_array(self, pages) -> np.ndarray:
-        try:
-            arr = _as_int_array("pages", pages, None)
-        except PlanError as e:
-            raise AllocatorError(str(e)) from None
+        arr = as_int_array("pages", pages, error=AllocatorError)
         if arr.shape[0] and arr.view(_U64).max() >= self.num_pages:  # a negative id wraps to a huge one
             bad = arr[(arr < 0) | (arr >= self.num_pages)]
             raise AllocatorError(f"page id {int(bad[0])} out of range [0, {self.num_pages})")
         return arr
 
     def _lanes_array(self, owners) -> np.ndarray:
-        try:
-            arr = _as_int_array("owners", owners, None)
-        except PlanError as e:
-            raise AllocatorError(str(e)) from None
+        arr = as_int_array("owners", owners, error=AllocatorError)
         bad = np.flatnonzero((arr < 0) | (arr >= self.config.cp_size))
         if bad.size:
             i = int(bad[0])
@@ -421,8 +410,8 @@ class OwnerLaneAllocator:
     def _plan_extend(self, prefix_lens, extend_lens, last_locs) -> tuple[BatchPlan, np.ndarray, bytes]:
         """``(plan, last_locs, memo key)`` of a batch: the kept plan of these arguments when it is still the
         plan (``plan_memo.py``), else a new one, which is kept."""
-        L0, E = _lengths(prefix_lens, extend_lens)
-        last = _as_int_array("last_locs", last_locs, L0.shape[0])
+        L0, E = lengths(prefix_lens, extend_lens)
+        last = as_int_array("last_locs", last_locs, L0.shape[0])
         balanced = self.config.owner_policy == "balanced"
         key, free = PlanMemo.key(L0, E, last), self._top.tobytes() if balanced else b""
         hit = self._memo.get(key, self._changes, free)
@@ -437,7 +426,7 @@ class OwnerLaneAllocator:
         if kept is not None and kept.request_phases.tobytes() == phases.tobytes():
             plan = kept
         else:
-            plan = _plan_checked(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True)
+            plan = plan_arrays(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True)
         self._memo.put(key, plan, self._changes, free)
         return plan, last, key
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from .config import CPConfig
 from .errors import ConfigError, PlanError
-from .planner import _as_int_array
+from .validate import as_int_array
 
 _I64 = np.int64
 
@@ -87,7 +87,7 @@ def _check(page_ids, seq_len, extra: int, config) -> tuple[np.ndarray, int]:
     """``(pages int64 [m], seq_len)`` after the checks of ``rank_kv_lens`` (``seq_len + extra <= m * P``)."""
     if not isinstance(config, CPConfig):
         raise ConfigError(f"config must be a CPConfig, got {type(config).__name__}")
-    pages = _as_int_array("page_ids", page_ids, None)
+    pages = as_int_array("page_ids", page_ids)
     bad = np.flatnonzero(pages < 0)
     if bad.size:
         i = int(bad[0])

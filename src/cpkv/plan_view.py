@@ -7,7 +7,8 @@ import sys
 import numpy as np
 
 from .estimator import mqa_logits_elements
-from .planner import BatchPlan, run_starts
+from .planner import BatchPlan
+from .runs import run_starts
 
 _LANE_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
 STRIP_MAX_PAGES = 96

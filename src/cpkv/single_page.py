@@ -21,7 +21,6 @@ them as 0-d arrays (a Python int operand costs numpy about a microsecond more pe
 
 from __future__ import annotations
 
-import sys
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -29,7 +28,9 @@ import numpy as np
 
 from . import limits
 from .allocation import ExtendAllocation
-from .planner import MAX_POSITION, expand_runs, plan_batch
+from .planner import plan_batch
+from .runs import expand_runs
+from .validate import MAX_POSITION, int64_copy, plan_bytes_bound
 
 if TYPE_CHECKING:
     from .allocator import OwnerLaneAllocator
@@ -76,10 +77,10 @@ def alloc_single_page(alloc: OwnerLaneAllocator, prefix_lens, extend_lens, last_
     """
     E = None
     if extend_lens is not None:  # a long request rules the path out first (bulk calls pay only this)
-        E = _int64(extend_lens)
+        E = int64_copy(extend_lens)
         if E is None or E.shape[0] == 0 or E.max() >= 2 * alloc.config.page_size:
             return None
-    L0, last = _int64(prefix_lens), _int64(last_locs)
+    L0, last = int64_copy(prefix_lens), int64_copy(last_locs)
     if L0 is None or last is None or L0.shape[0] == 0 or last.shape != L0.shape:
         return None
     rows = _decode_rows(alloc, L0, last) if E is None else _extend_rows(alloc, L0, E, last)
@@ -106,23 +107,6 @@ def alloc_single_page(alloc: OwnerLaneAllocator, prefix_lens, extend_lens, last_
         new_pages.setflags(write=False)
     make_plan = partial(_plan, alloc.config, L0, E, last, new_rows, lanes)
     return ExtendAllocation(out_cache_loc, None, new_pages, make_plan=make_plan)
-
-
-def _int64(values) -> np.ndarray | None:
-    """A private 1-D int64 copy of ``values`` (numpy array, CPU tensor or list of ints), else None."""
-    if type(values) is np.ndarray:
-        arr = values.copy() if values.dtype == _I64 else None
-    elif (torch := sys.modules.get("torch")) is not None and type(values) is torch.Tensor:  # torch loaded
-        ok = values.dtype == torch.int64 and values.device.type == "cpu" and not values.requires_grad
-        arr = values.numpy().copy() if ok else None
-    elif type(values) is list:
-        try:
-            arr = np.array(values)
-        except (OverflowError, ValueError, TypeError):
-            return None
-    else:
-        return None
-    return arr if arr is not None and arr.dtype == _I64 and arr.ndim == 1 else None
 
 
 def _decode_rows(alloc: OwnerLaneAllocator, L0: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -185,9 +169,9 @@ def _shared_head_page(pages: np.ndarray) -> bool:
 
 
 def _too_big(alloc: OwnerLaneAllocator, B: int, max_extend: int) -> bool:
-    """Whether the plan might exceed ``MAX_ARRAY_BYTES`` (an upper bound of ``planner.plan_bytes``); the
-    general path then checks exactly and raises its PlanError."""
-    return 8 * (3 * B * max_extend + 2 * B) + 80 * B * (2 * alloc.config.cp_size + 1) > limits.MAX_ARRAY_BYTES
+    """Whether the plan (at most one new page per request) might exceed ``MAX_ARRAY_BYTES``; the general
+    path then checks exactly and raises its PlanError."""
+    return plan_bytes_bound(B, max_extend, 1, alloc.config.cp_size) > limits.MAX_ARRAY_BYTES
 
 
 def _new_page_lanes(alloc: OwnerLaneAllocator, L0: np.ndarray, new_rows: np.ndarray) -> list[int]:

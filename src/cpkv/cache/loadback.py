@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PrefixCacheError
-from ..planner import offsets_within_key
+from ..runs import offsets_within_key
 from .results import HKEY, LANE, PrefixMatch
 
 _EMPTY = np.zeros(0, dtype=np.int64)

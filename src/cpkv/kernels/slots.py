@@ -13,6 +13,7 @@ import torch
 from ..errors import KernelError
 from ..layout import SharedKVLayout
 from ..planner import BatchPlan
+from ..validate import as_int_array
 from .backend import kernel_backend, kernel_module
 from .tensors import cdiv, check_out, into, new_out, on_device, require_tensor
 
@@ -50,8 +51,8 @@ def fill_out_cache_loc(
     """
     if not isinstance(plan, BatchPlan):
         raise KernelError(f"plan must be a BatchPlan, got {type(plan).__name__}")
-    last = _int_array("last_locs", last_locs, plan.num_requests)
-    pages = _int_array("new_pages", new_pages, plan.page_owners.shape[0])
+    last = as_int_array("last_locs", last_locs, plan.num_requests, error=KernelError, count_of="the plan")
+    pages = as_int_array("new_pages", new_pages, plan.page_owners.shape[0], error=KernelError, count_of="the plan")
     dev = torch.device(device if device is not None else out.device if isinstance(out, torch.Tensor) else "cpu")
     out = check_out(out, (plan.num_tokens,), torch.int64, dev)
     runs = plan.token_runs
@@ -178,14 +179,3 @@ def _translate(layout: SharedKVLayout, kind: str, slots, rank: int | None, out, 
             C=layout.cp_size, P=layout.page_size, KIND=_KIND[kind], BLOCK=_BLOCK,
         )  # fmt: skip
     return result
-
-
-def _int_array(name: str, values, n: int) -> np.ndarray:
-    """``values`` (list, numpy or CPU tensor) as int64 numpy ``[n]``; KernelError naming ``name`` otherwise."""
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
-    arr = np.asarray(values)
-    if arr.ndim != 1 or arr.shape[0] != n or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise KernelError(f"{name} must be {n} integers, got {arr.dtype} of shape {list(arr.shape)}")
-    return arr.astype(np.int64, copy=False)
-
