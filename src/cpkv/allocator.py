@@ -24,6 +24,7 @@ from .plan_memo import PlanMemo
 from .planner import BatchPlan, plan_arrays
 from .runs import expand_runs, offsets_within_key
 from .single_page import SinglePageTables, alloc_single_page
+from .slots import extend_slots
 from .validate import as_int_array, check_int, lengths, per_lane_ints
 
 _I64, _U64 = np.int64, np.uint64
@@ -219,7 +220,7 @@ class OwnerLaneAllocator:
 
             out = fill_out_cache_loc(plan, last, new_pages, device=self._device)
         else:
-            out = self._on_device(_extend_slots(plan, last, new_pages))
+            out = self._on_device(extend_slots(plan, last, new_pages))
         self._commit(new_pages, counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
         self._memo.drop(key)  # kept only while the batch was not allocated (e.g. a retry after LaneExhausted)
         new_pages.setflags(write=False)
@@ -593,32 +594,3 @@ def _balanced_phase(free: list[int], m: int, rotation: int) -> int:
     if k:
         free[:] = [v - k for v in free]
     return f
-
-
-def _extend_slots(plan: BatchPlan, last: np.ndarray, new_pages: np.ndarray) -> np.ndarray:
-    """``out_cache_loc``, int64 numpy ``[sum E]``: head tokens ``last_loc + 1, ...``, then ``p*P + o`` per page.
-
-    One run per head and per new page (a request's last page only up to ``prefix_len + extend_len``).
-    Without heads and with every last page full it is the pages' slots in order:
-    ``(new_pages[:, None] * P + arange(P)).ravel()``. Example P=4, pages [5, 2]: [20..23, 8..11].
-    """
-    P = plan.config.page_size
-    h, m = plan.head_tokens, plan.page_indptr[1:] - plan.page_indptr[:-1]
-    if not np.count_nonzero(h) and new_pages.shape[0] * P == plan.num_tokens:  # no head, every last page full
-        out = np.empty((new_pages.shape[0], P), dtype=_I64)
-        np.multiply(new_pages[:, None], P, out=out)
-        out += np.arange(P, dtype=_I64)
-        return out.ravel()
-    # Runs: per request a head run (maybe empty), then one run per new page.
-    head_pos = plan.page_indptr[:-1] + np.arange(m.shape[0], dtype=_I64)  # [B] run of each head
-    start = np.empty(new_pages.shape[0] + m.shape[0], dtype=_I64)
-    length = np.empty(start.shape[0], dtype=_I64)
-    length.fill(P)
-    is_page = np.ones(start.shape[0], dtype=bool)
-    is_page[head_pos] = False
-    start[is_page] = new_pages * P
-    # A request's last page holds its t = E - h tokens past the head up to L0 + E: it lacks (-t) % P. Written
-    # before the heads: a request without new pages has its head run there (t = 0), set next.
-    length[head_pos + m] = P - (h - plan.extend_lens) % P
-    start[head_pos], length[head_pos] = last + 1, h
-    return expand_runs(start, length)

@@ -29,7 +29,7 @@ import numpy as np
 from . import limits
 from .allocation import ExtendAllocation
 from .planner import plan_batch
-from .runs import expand_runs
+from .slots import one_page_slots
 from .validate import MAX_POSITION, int64_copy, plan_bytes_bound
 
 if TYPE_CHECKING:
@@ -95,12 +95,7 @@ def alloc_single_page(alloc: OwnerLaneAllocator, prefix_lens, extend_lens, last_
         new_pages, counts = picked
     else:
         lanes, new_pages, counts = _EMPTY, _EMPTY, None
-    t = alloc._single
-    if E is None:
-        out = nxt
-        out[new_rows] = new_pages * t.P
-    else:
-        out = _extend_slots(L0, E, nxt, new_rows, new_pages, alloc.config.page_size)
+    out = one_page_slots(L0, E, nxt, new_rows, new_pages, alloc._single.P if E is None else alloc.config.page_size)
     out_cache_loc = alloc._on_device(out)
     if counts is not None:
         alloc._commit(new_pages, counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
@@ -213,20 +208,6 @@ def _pick(alloc: OwnerLaneAllocator, lanes: list[int]) -> tuple[np.ndarray, np.n
             return None
         pos.append(top[f] - taken[f])
     return alloc._stack[pos], np.array(taken, dtype=_I64)
-
-
-def _extend_slots(L0, E, nxt, new_rows, new_pages, P: int) -> np.ndarray:
-    """``out_cache_loc`` of a single-page batch: per request its h head tokens ``last_loc + 1 ...``
-    (C-HEAD, ``h = min(E, P - L0 % P)`` when ``L0 % P != 0``), then ``page * P + 0 ..`` for the rest."""
-    rem = L0 % P
-    h = np.where(rem != 0, np.minimum(E, P - rem), 0)  # [B]
-    start = np.zeros((L0.shape[0], 2), dtype=_I64)  # per request: head run, then the new page's run
-    start[:, 0] = nxt
-    start[new_rows, 1] = new_pages * P
-    length = np.empty_like(start)
-    length[:, 0] = h
-    length[:, 1] = E - h
-    return expand_runs(start.ravel(), length.ravel())
 
 
 def _plan(cfg, L0, E, last, new_rows, lanes):

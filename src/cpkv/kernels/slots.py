@@ -1,6 +1,6 @@
 """Slot kernels on device tensors: ``out_cache_loc`` of a batch, and the C-LAYOUT translations.
 
-Each function gives exactly the integers of the numpy reference (``OwnerLaneAllocator``'s
+Each function gives exactly the integers of the numpy reference (``slots.extend_slots`` for
 ``out_cache_loc``, ``SharedKVLayout``) and takes the path ``kernel_backend`` picks for its device:
 compiled Triton on CUDA, Triton's interpreter on the CPU under ``TRITON_INTERPRET=1``, else the reference.
 """
@@ -13,6 +13,7 @@ import torch
 from ..errors import KernelError
 from ..layout import SharedKVLayout
 from ..planner import BatchPlan
+from ..slots import extend_slots
 from ..validate import as_int_array
 from .backend import kernel_backend, kernel_module
 from .tensors import cdiv, check_out, into, new_out, on_device, require_tensor
@@ -63,9 +64,7 @@ def fill_out_cache_loc(
         raise KernelError(f"request {i}: computes head tokens but last_loc={int(last[i])} (needs a slot >= 0)")
     backend = kernel_backend(dev)
     if backend == "torch" or plan.num_tokens == 0:
-        from ..allocator import _extend_slots  # the numpy reference (lazy: the allocator imports this module)
-
-        return into(out, torch.from_numpy(_extend_slots(plan, last, pages)).to(dev))
+        return into(out, torch.from_numpy(extend_slots(plan, last, pages)).to(dev))
     result = new_out(out, (plan.num_tokens,), torch.int64, dev)
     return launch_fill(backend, torch.from_numpy(fill_table(plan, last, pages)).to(dev), result, plan)
 
