@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from itertools import accumulate
 
 import numpy as np
 
@@ -22,6 +21,7 @@ from .layout import check_pool_kind
 from .limits import check_bytes
 from .plan_memo import PlanMemo
 from .planner import BatchPlan, plan_arrays
+from .policy import balanced_phases, follows_free_pages
 from .runs import expand_runs, offsets_within_key
 from .single_page import SinglePageTables, alloc_single_page
 from .slots import extend_slots
@@ -413,7 +413,7 @@ class OwnerLaneAllocator:
         plan (``plan_memo.py``), else a new one, which is kept."""
         L0, E = lengths(prefix_lens, extend_lens)
         last = as_int_array("last_locs", last_locs, L0.shape[0])
-        balanced = self.config.owner_policy == "balanced"
+        balanced = follows_free_pages(self.config.owner_policy)
         key, free = PlanMemo.key(L0, E, last), self._top.tobytes() if balanced else b""
         hit = self._memo.get(key, self._changes, free)
         if hit is not None:
@@ -422,7 +422,8 @@ class OwnerLaneAllocator:
             return hit.plan, last, key
         head = self._head_owners(L0, last)
         _check_shared_heads(L0, E, last, self.config.page_size)
-        phases = self._balanced_phases(L0, E) if balanced else None
+        P, C = self.config.page_size, self.config.cp_size
+        phases = balanced_phases(L0, E, self._top, P, C) if balanced else None
         kept = self._memo.kept(key) if balanced else None  # made with other free pages: same phases, same plan
         if kept is not None and kept.request_phases.tobytes() == phases.tobytes():
             plan = kept
@@ -481,29 +482,6 @@ class OwnerLaneAllocator:
             return None
         return nxt, page
 
-    def _balanced_phases(self, L0: np.ndarray, E: np.ndarray) -> np.ndarray:
-        """C-BALANCED: each request's phase, requests in batch order, ``[B]`` int64.
-
-        For request i with new pages ``n_r(f)`` per lane under phase f (C-ZIGZAG) and ``free_r`` the free
-        pages left after the earlier requests of the batch, the phase maximises, in this order,
-        (1) ``min_r(free_r - n_r(f))`` (the tightest lane after placement), (2) ``sum_r n_r(f) * free_r``
-        (pages go to freer lanes), then minimises (3) ``(f - rotation_phase) mod C``. Integers only, so
-        every rank makes the same choice. A request without new pages takes the rotation phase.
-        Example C=2, P=1, free [4, 5], one 8-token prompt in chunks of 3, 3, 2: phases 0, 1, 0 (free
-        [3, 3], [1, 2], [0, 1]); C=2, Q=2 (free [1, 2]): one-token batches get lanes 1, then 0.
-        """
-        P, C = self.config.page_size, self.config.cp_size
-        m = -(-(L0 + E) // P) - -(-L0 // P)  # [B] new pages
-        rotation = (L0 // P + np.arange(L0.shape[0], dtype=_I64)) % C  # [B] C-PHASE rotation phase
-        phases = rotation.copy()
-        if C == 1:
-            return phases
-        rows = m.nonzero()[0]
-        free = self._top.tolist()  # [C] Python ints: a few requests of C lanes cost less than numpy calls
-        for i, pages, f in zip(rows.tolist(), m[rows].tolist(), rotation[rows].tolist(), strict=True):
-            phases[i] = _balanced_phase(free, pages, f)
-        return phases
-
     def _check_counts(self, counts: np.ndarray) -> None:
         short = (counts > self._top).nonzero()[0]
         if short.shape[0]:
@@ -556,41 +534,3 @@ def _check_shared_heads(L0: np.ndarray, E: np.ndarray, last: np.ndarray, P: int)
             f"{int(last[i]) // P}, partly filled, and both extend it: their head tokens would take the same "
             f"slots (copy a shared partly filled page before extending it)"
         )
-
-
-def _balanced_phase(free: list[int], m: int, rotation: int) -> int:
-    """C-BALANCED phase of one request of ``m >= 1`` new pages given ``free``, each lane's free pages
-    (``C`` ints, lowered here by the request's pages on each lane), and its ``rotation`` phase.
-
-    C-ZIGZAG gives zigzag rank z ``2 * (m // 2C) + [z < m % 2C] + [2C-1-z < m % 2C]`` pages: k pages on every
-    rank plus one on a cyclic window of ``w < C`` consecutive ranks from rank s. With ``rem = m % 2C``:
-    ``rem < C``: ``k = 2 * (m // 2C)``, window ranks ``[0, rem)``; ``rem >= C``: ``k = 2 * (m // 2C) + 1``,
-    window ranks ``[2C - rem, C)``. Phase f puts rank z on lane ``(z + f) % C``, so the window covers lanes
-    ``g .. g + w - 1`` (mod C) from ``g = (f + s) % C``. Criterion 1, ``min_r(free_r - n_r(f))``, is then
-    ``min(free) - k - 1`` when the window holds a least-free lane, else ``min(free) - k``; criterion 2,
-    ``sum_r n_r(f) * free_r``, is ``k * sum(free)`` plus the window's free pages; criterion 3 takes the
-    first best phase cyclically from ``rotation``. O(C) integer work, no [C, C] table.
-    Example C=4, free [7, 8, 8, 8], m=3, rotation 0: the window is 3 lanes from lane f; only phase 1
-    (lanes 1, 2, 3) leaves out lane 0, the least free -> phase 1, free [7, 7, 7, 7].
-    """
-    C = len(free)
-    k, rem = divmod(m, 2 * C)
-    k, w, s = (2 * k, rem, 0) if rem < C else (2 * k + 1, rem - C, 2 * C - rem)  # rem = C: k + 1 everywhere
-    f = rotation
-    if w:  # else every lane takes k pages: all phases tie
-        least = min(free)
-        twice = free + free
-        wsum = list(accumulate(twice, initial=0))  # window [g, g + w) holds wsum[g + w] - wsum[g] free pages
-        lows = list(accumulate([v == least for v in twice], initial=0))  # least-free lanes likewise
-        best = None
-        for d in range(C):
-            g = (rotation + d + s) % C
-            key = (lows[g + w] == lows[g], wsum[g + w] - wsum[g])
-            if best is None or key > best:
-                best, f = key, (rotation + d) % C
-        g = (f + s) % C
-        for j in range(g, g + w):
-            free[j if j < C else j - C] -= 1
-    if k:
-        free[:] = [v - k for v in free]
-    return f

@@ -13,15 +13,18 @@ from .errors import ConfigError
 from .validate import INT64_MAX, check_cp_size, check_int, check_lane, per_lane_ints
 
 __all__ = [
-    "DEFAULT_OWNER_POLICY", "INT64_MAX", "OWNER_POLICIES", "OWNER_POLICY_ENV", "CPConfig", "check_cp_size",
-    "check_int", "check_lane", "per_lane_ints",
+    "BALANCED", "DEFAULT_OWNER_POLICY", "INT64_MAX", "LEGACY", "OWNER_POLICIES", "OWNER_POLICY_ENV", "ROTATION",
+    "CPConfig", "check_cp_size", "check_int", "check_lane", "per_lane_ints",
 ]  # fmt: skip
 
-OWNER_POLICIES = ("rotation", "legacy", "balanced")
+ROTATION, LEGACY, BALANCED = "rotation", "legacy", "balanced"
+"""The owner policies by name (``CPConfig.owner_policy`` holds one of them; ``policy.py`` has their rules)."""
+
+OWNER_POLICIES = (ROTATION, LEGACY, BALANCED)
 """Owner policies: ``balanced`` (default, C-BALANCED), ``rotation`` (the seed rule, C-PHASE), ``legacy``
 (phase 0, escape hatch)."""
 
-DEFAULT_OWNER_POLICY = "balanced"
+DEFAULT_OWNER_POLICY = BALANCED
 
 OWNER_POLICY_ENV = "CPKV_OWNER_POLICY"
 

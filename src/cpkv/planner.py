@@ -15,8 +15,9 @@ from functools import cached_property
 
 import numpy as np
 
-from .config import CPConfig
+from .config import LEGACY, CPConfig
 from .errors import PlanError, UnsupportedPagePlan
+from .policy import rotation_phase, zigzag_lane_pages, zigzag_rank_pages
 from .runs import RAMP, TokenRuns, indptr, offsets_within_key, run_starts
 from .validate import (
     MAX_POSITION,
@@ -30,7 +31,7 @@ from .validate import (
     plan_bytes,
 )
 
-__all__ = [  # MAX_POSITION and plan_bytes live in validate.py; they are named here too, as ever
+__all__ = [  # MAX_POSITION, plan_bytes (validate.py) and the zigzag counts (policy.py) are named here too
     "MAX_POSITION", "BatchPlan", "RequestPlan", "owner_lane_phase", "plan_arrays", "plan_batch", "plan_bytes",
     "plan_request", "zigzag_lane_pages", "zigzag_rank_pages",
 ]  # fmt: skip
@@ -58,7 +59,7 @@ def owner_lane_phase(prefix_len: int, page_size: int, req_index: int, cp_size: i
     cp_size = check_int("cp_size", cp_size, 1)
     prefix_len = check_len("prefix_len", prefix_len)
     req_index = check_len("req_index", req_index)
-    return (prefix_len // page_size + req_index) % cp_size
+    return rotation_phase(prefix_len, req_index, page_size, cp_size)
 
 
 @dataclass(frozen=True, eq=False)
@@ -357,10 +358,10 @@ def plan_arrays(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners,
         i = first_bad(phase < 0)
         if i is not None:
             raise PlanError(f"request {i + first_index}: phase={int(phase[i])} out of range [0, {C})")
-    elif config.owner_policy == "legacy":
+    elif config.owner_policy == LEGACY:
         phase = np.zeros(B, dtype=_I64)
     else:
-        phase = (L0 // P + req_idx) % C
+        phase = rotation_phase(L0, req_idx, P, C)
 
     head = np.where(h > 0, head, -1)  # a head owner is recorded only where head tokens exist (C-HEAD)
     m, page_owners, runs, last_owner = _runs(E, h, head, phase, C, P)
@@ -377,27 +378,6 @@ def plan_arrays(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners,
     for arr in arrays.values():
         arr.setflags(write=False)
     return BatchPlan(config=config, max_rank_tokens=max_rank, token_runs=runs, **arrays)
-
-
-def zigzag_lane_pages(num_pages: int, phase: int, cp_size: int) -> np.ndarray:
-    """Pages per lane of a request with ``num_pages`` new pages and ``phase`` (C-ZIGZAG), int64 ``[C]``.
-
-    Zigzag rank z holds segments z and 2C-1-z, each ``m // 2C`` pages plus one for the first
-    ``m % 2C`` segments; lane ``(z + phase) % C``. Example m=16, C=4, phase 1 -> [4, 4, 4, 4];
-    m=3, C=4, phase 1 -> [0, 1, 1, 1]. O(C), used by the ``balanced`` policy (C-BALANCED).
-    """
-    return np.roll(zigzag_rank_pages(np.array([num_pages], dtype=_I64), cp_size)[0], phase)
-
-
-def zigzag_rank_pages(num_pages: np.ndarray, cp_size: int) -> np.ndarray:
-    """Pages of each zigzag rank for requests of ``num_pages`` new pages (int64 ``[k]``), int64 ``[k, C]``
-    (C-ZIGZAG): rank z holds segments z and 2C-1-z, so ``2 * (m // 2C) + [z < m % 2C] + [2C-1-z < m % 2C]``.
-    Under phase f rank z's pages are on lane ``(z + f) % C`` (``zigzag_lane_pages``). Example m=3, C=4:
-    [1, 1, 1, 0]."""
-    C = cp_size
-    base, rem = np.divmod(num_pages, 2 * C)
-    z = np.arange(C, dtype=_I64)
-    return 2 * base[:, None] + (z < rem[:, None]) + (2 * C - 1 - z < rem[:, None])
 
 
 def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, TokenRuns, np.ndarray]:

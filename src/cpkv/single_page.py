@@ -28,7 +28,9 @@ import numpy as np
 
 from . import limits
 from .allocation import ExtendAllocation
+from .config import BALANCED
 from .planner import plan_batch
+from .policy import one_page_lanes, rotation_phase
 from .slots import one_page_slots
 from .validate import MAX_POSITION, int64_copy, plan_bytes_bound
 
@@ -88,7 +90,7 @@ def alloc_single_page(alloc: OwnerLaneAllocator, prefix_lens, extend_lens, last_
         return None
     new_rows, nxt = rows
     if new_rows.shape[0]:
-        lanes = _new_page_lanes(alloc, L0, new_rows)
+        lanes = one_page_lanes(L0, new_rows, alloc._top, alloc.config)
         picked = _pick(alloc, lanes)
         if picked is None:
             return None  # a lane is short: the general path raises LaneExhausted
@@ -169,27 +171,6 @@ def _too_big(alloc: OwnerLaneAllocator, B: int, max_extend: int) -> bool:
     return plan_bytes_bound(B, max_extend, 1, alloc.config.cp_size) > limits.MAX_ARRAY_BYTES
 
 
-def _new_page_lanes(alloc: OwnerLaneAllocator, L0: np.ndarray, new_rows: np.ndarray) -> list[int]:
-    """Lane of each new page (requests in batch order; each sees the pages of the earlier ones)."""
-    cfg = alloc.config
-    C, k = cfg.cp_size, new_rows.shape[0]
-    if C == 1 or cfg.owner_policy == "legacy":
-        return [0] * k
-    P = cfg.page_size
-    rotation = [(L // P + i) % C for L, i in zip(L0[new_rows].tolist(), new_rows.tolist(), strict=True)]
-    if cfg.owner_policy == "rotation":
-        return rotation
-    free = alloc._top.tolist()
-    lanes = []
-    for f in rotation:  # C-BALANCED for one page: the most free lane, first from the rotation phase
-        most = max(free)
-        while free[f] != most:
-            f = f + 1 if f + 1 < C else 0
-        free[f] -= 1
-        lanes.append(f)
-    return lanes
-
-
 def _pick(alloc: OwnerLaneAllocator, lanes: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
     """``(pages, counts)`` as ``OwnerLaneAllocator._pick`` gives them for one page per run, or None when a
     lane is short. Few pages: each lane's next pages off its stack, in request order, in Python."""
@@ -217,7 +198,7 @@ def _plan(cfg, L0, E, last, new_rows, lanes):
     E = np.ones_like(L0) if E is None else E
     head = np.where(L0 > 0, (last // P) % C, -1)
     phases = None
-    if cfg.owner_policy == "balanced":
-        phases = (L0 // P + np.arange(L0.shape[0], dtype=_I64)) % C
+    if cfg.owner_policy == BALANCED:
+        phases = rotation_phase(L0, np.arange(L0.shape[0], dtype=_I64), P, C)
         phases[new_rows] = lanes
     return plan_batch(L0, E, cfg, head_owners=head, phases=phases)

@@ -30,6 +30,7 @@ from ..cache import PrefixCache
 from ..config import CPConfig
 from ..estimator import mqa_logits_elements
 from ..planner import BatchPlan
+from ..policy import follows_free_pages
 from .config import SimConfig
 
 _I64 = np.int64
@@ -208,7 +209,7 @@ class StepBuilder:
                     self.cache.evict(lane, int(short[lane]))
                 # Eviction moves pages from evictable to free, so the room stays; a plan that follows positions
                 # only (rotation, legacy) stays too: the next round would allocate at once if no lane is short.
-                if self.alloc.config.owner_policy == "balanced" or (need > self.alloc.free_pages_per_lane()).any():
+                if follows_free_pages(self.alloc.config.owner_policy) or (need > self.alloc.free_pages_per_lane()).any():
                     continue
             a = (allocate or self.alloc.alloc_extend)(*args)
             return list(self.keys), a, logits if logits is not None else mqa_logits_elements(plan)
@@ -330,11 +331,12 @@ def even_share(pages: Sequence[int] | np.ndarray, cp_size: int) -> np.ndarray:
     return -(-np.asarray(pages, dtype=_I64) // cp_size)
 
 
-def reservation_short(policy: str, pages_left: Sequence[int], room: np.ndarray) -> str | None:
+def reservation_short(policy: str, pages_left: Sequence[int], room: np.ndarray, *, alone: bool = False) -> str | None:
     """Whether every admitted request can still finish: None, or what is short (``"total"``, ``"lane"``).
 
     ``pages_left``: the new pages each admitted request still needs (``pages_to_finish``); ``room``: free +
-    evictable pages per lane, int64 ``[C]``. Always: the total fits. Under ``rotation`` and ``legacy``
+    evictable pages per lane, int64 ``[C]``; ``alone``: a single request (no per-lane term: its pages
+    are all the pool holds besides the cache's). Always: the total fits. Under ``rotation`` and ``legacy``
     (phases fixed by position, not by free pages) also every lane: it holds the even shares
     (``even_share``) of all requests, the spread C-ZIGZAG gives a chunk of ``>= 2C`` pages and rotation
     keeps for smaller ones. ``balanced`` needs no per-lane term: it sends a one-page chunk to a lane
@@ -344,6 +346,6 @@ def reservation_short(policy: str, pages_left: Sequence[int], room: np.ndarray) 
     """
     if sum(pages_left) > int(room.sum()):
         return "total"
-    if policy == "balanced" or (int(even_share(pages_left, room.shape[0]).sum()) <= room).all():
+    if alone or follows_free_pages(policy) or (int(even_share(pages_left, room.shape[0]).sum()) <= room).all():
         return None
     return "lane"

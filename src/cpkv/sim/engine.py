@@ -203,8 +203,8 @@ class PolicyRun:
                 self._drop_waiting(i, self._budget_reason(run.done))
                 continue
             others = self.running + self.decoding
-            short = reservation_short(self.policy if others else "balanced",  # room: re-read by _start's lock
-                                      [self._pages_left(r) for r in (*others, run)], self.builder.room)  # fmt: skip
+            pages_left = [self._pages_left(r) for r in (*others, run)]  # room: re-read by _start's lock
+            short = reservation_short(self.policy, pages_left, self.builder.room, alone=not others)
             fit = self._note(self.builder.add(run, run.done, run.remaining, run.last_loc)) if not short else None
             if fit is not None and fit.tokens:
                 del self.waiting[i]

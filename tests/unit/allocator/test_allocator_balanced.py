@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 import oracle
 from cpkv import CPConfig, LaneExhausted, OwnerLaneAllocator
-from cpkv.allocator import _balanced_phase
-from cpkv.planner import zigzag_lane_pages
+from cpkv.policy import balanced_phase, zigzag_lane_pages
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-BALANCED")]
 
@@ -257,7 +256,7 @@ def test_large_requests_spread_evenly_whatever_the_phase(C, m, data):
     data=st.data(),
 )
 def test_window_rule_equals_the_three_criteria(C, m, data):
-    """``_balanced_phase`` (the O(C) window form) picks the phase the three criteria pick over every phase's
+    """``policy.balanced_phase`` (the O(C) window form) picks the phase the three criteria pick over every phase's
     per-lane pages (``zigzag_lane_pages``), and lowers ``free`` by exactly those pages; free pages drawn
     from a narrow range so that ties on every criterion are common."""
     free = data.draw(st.lists(st.integers(0, 4), min_size=C, max_size=C), label="free")
@@ -269,5 +268,5 @@ def test_window_rule_equals_the_three_criteria(C, m, data):
                      -((f - rotation) % C)))  # fmt: skip
     want = max(range(C), key=keys.__getitem__)
     left = list(free)
-    assert _balanced_phase(left, m, rotation) == want
+    assert balanced_phase(left, m, rotation) == want
     assert left == [a - b for a, b in zip(free, zigzag_lane_pages(m, want, C).tolist(), strict=True)]

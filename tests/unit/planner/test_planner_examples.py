@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cpkv import CPConfig, PlanError, UnsupportedPagePlan, owner_lane_phase, plan_batch, plan_request
-from cpkv.planner import zigzag_lane_pages
+from cpkv.policy import zigzag_lane_pages
 
 pytestmark = pytest.mark.unit
 
