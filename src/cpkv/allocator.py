@@ -8,22 +8,21 @@ someone reads an ``out_cache_loc`` (``ExtendAllocation``): the simulator never d
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import numpy as np
 
 from .allocation import ExtendAllocation
 from .config import CPConfig
-from .errors import AllocatorError, ConfigError, LaneExhausted
+from .errors import AllocatorError, ConfigError
 from .kernels.backend import interpreter_requested, kernel_mode, use_kernels
+from .lane_pool import LanePool
 from .layout import check_pool_kind
 from .limits import check_bytes
 from .plan_memo import PlanMemo
 from .planner import BatchPlan, plan_arrays
 from .policy import balanced_phases, follows_free_pages
-from .runs import expand_runs, offsets_within_key
-from .single_page import SinglePageTables, alloc_single_page
+from .single_page import OnePageTables, pick_one_page
 from .slots import extend_slots
 from .validate import as_int_array, check_int, lengths, per_lane_ints
 
@@ -90,27 +89,12 @@ class OwnerLaneAllocator:
                 raise ConfigError(f"device={device!r} is not usable for out_cache_loc: {e}") from None
             self._kernels = use_kernels(dev)  # out_cache_loc by a Triton kernel (C-KERNEL), read once
             self._device = None if dev.type == "cpu" and not self._kernels else dev
-        self.lane_pages = np.asarray(caps, dtype=_I64)  # [C] Q_r, page 0 included
-        self.pages_per_lane = int(self.lane_pages.max())  # Q of the shared layout
-        self.num_pages = C * self.pages_per_lane
-        # One flat array of per-lane stacks of free page ids: lane r's stack is
-        # ``_stack[_base[r] : _base[r] + _top[r]]``, its top at the end. Fresh: descending ids, so the lowest
-        # come off first; lane 0 never holds page 0. E.g. C=2, Q=3: _stack [4, 2, 5, 3, 1], _base [0, 2].
-        usable = np.asarray(caps, dtype=_I64) - (np.arange(C) == 0)  # [C] lane 0 loses page 0
-        self._base = np.concatenate([[0], np.cumsum(usable)[:-1]]).astype(_I64)  # [C]
-        self._stack = np.concatenate(
-            [np.arange(q - 1, -1 if r else 0, -1, dtype=_I64) * C + r for r, q in enumerate(caps)]
-        )
-        self._top = usable.copy()  # [C] free pages
-        # Bitmaps [num_pages + 1]: _usable, the page exists and is not page 0; _taken, it is handed out (a
-        # checked page to free or extend is one lookup). The extra last entry (neither) is where clipped
-        # out-of-range page ids land.
-        ids = np.arange(self.num_pages, dtype=_I64)
-        self._usable = np.append((ids // C < self.lane_pages[ids % C]) & (ids != 0), False)
-        self._taken = np.zeros(self.num_pages + 1, dtype=bool)
-        self._single = SinglePageTables(config.page_size, self.num_pages)
-        self.capacity_per_lane = self._top.copy()  # [C] usable pages
-        self._changes = 0  # calls that took or freed pages (a kept plan's last_locs are checked again after one)
+        self.pool = LanePool(caps)  # the free pages; its change count tells a kept plan to re-check last_locs
+        self.lane_pages = self.pool.lane_pages  # [C] Q_r, page 0 included
+        self.pages_per_lane = self.pool.pages_per_lane  # Q of the shared layout
+        self.num_pages = self.pool.num_pages
+        self.capacity_per_lane = self.pool.capacity_per_lane  # [C] usable pages
+        self._one_page = OnePageTables(config.page_size, self.num_pages)
         self._memo = PlanMemo()  # plans of plan_extend, for the alloc_extend that follows
 
     # ----------------------------------------------------------------------------------------- queries
@@ -134,33 +118,29 @@ class OwnerLaneAllocator:
 
     def free_pages_per_lane(self) -> np.ndarray:
         """Free pages of each lane, int64 ``[C]`` (a copy)."""
-        return self._top.copy()
+        return self.pool.free.copy()
 
     def used_pages_per_lane(self) -> np.ndarray:
         """Pages handed out and not yet freed, per lane, int64 ``[C]``."""
-        return self.capacity_per_lane - self._top
+        return self.capacity_per_lane - self.pool.free
 
     @property
     def min_free_pages(self) -> int:
         """Free pages of the emptiest-by-capacity lane, ``min(free_pages_per_lane())``, in pages."""
-        return int(self._top.min())
+        return int(self.pool.free.min())
 
     @property
     def total_free_pages(self) -> int:
         """Free pages over all lanes, in pages."""
-        return int(self._top.sum())
+        return int(self.pool.free.sum())
 
     def is_free(self, pages) -> np.ndarray:
         """Bool ``[n]``: whether each page id is currently free (ids must be in ``[0, num_pages)``)."""
-        pages = self._pages_array(pages)
-        return self._usable[pages] > self._taken[pages]  # exists and not handed out
+        return self.pool.is_free(self._pages_array(pages))
 
     def state_digest(self) -> str:
         """SHA-256 hex of the full free-list state; equal on every rank that replayed the same calls."""
-        h = hashlib.sha256(self._top.tobytes())
-        for r in range(self.config.cp_size):
-            h.update((self._lane_stack(r) // self.config.cp_size).tobytes())  # local ids, as ever
-        return h.hexdigest()
+        return self.pool.digest()
 
     # ------------------------------------------------------------------------------------- allocation
     def alloc_pages(self, owners) -> np.ndarray:
@@ -180,8 +160,8 @@ class OwnerLaneAllocator:
         # Runs of equal owners: [4, 4, 1, 4] -> owners [4, 1, 4], pages [2, 1, 1].
         starts = np.flatnonzero(np.diff(owners, prepend=-1)) if owners.size else np.zeros(0, _I64)
         run_pages = np.diff(starts, append=owners.shape[0])
-        pages, counts = self._pick(owners[starts], run_pages)
-        self._commit(pages, counts)
+        pages, counts = self.pool.pick(owners[starts], run_pages)
+        self.pool.commit(pages, counts)
         return pages
 
     def alloc_extend(self, prefix_lens, extend_lens, last_locs) -> ExtendAllocation:
@@ -206,22 +186,34 @@ class OwnerLaneAllocator:
                 page; two requests extending the same partly filled page. LaneExhausted: a lane is
                 short. In every case nothing is allocated.
         """
-        fast = alloc_single_page(self, prefix_lens, extend_lens, last_locs)
+        fast = self._alloc_one_page(prefix_lens, extend_lens, last_locs)
         return fast if fast is not None else self._alloc_planned(prefix_lens, extend_lens, last_locs)
+
+    def _alloc_one_page(self, prefix_lens, extend_lens, last_locs) -> ExtendAllocation | None:
+        """``alloc_extend`` (``extend_lens`` None: ``alloc_decode``) of a batch whose requests each take at
+        most one new page, without the planner (``single_page.py``); None when that path declines."""
+        got = pick_one_page(self.pool, self._one_page, self.config, prefix_lens, extend_lens, last_locs)
+        if got is None:
+            return None
+        out_cache_loc = self._on_device(got.slots)
+        if got.counts is not None:
+            self.pool.commit(got.new_pages, got.counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
+            got.new_pages.setflags(write=False)
+        return ExtendAllocation(out_cache_loc, None, got.new_pages, make_plan=got.make_plan)
 
     def _alloc_planned(self, prefix_lens, extend_lens, last_locs) -> ExtendAllocation:
         """The general path of ``alloc_extend``: plan the batch, pick every run's pages, commit."""
         plan, last, key = self._plan_extend(prefix_lens, extend_lens, last_locs)
         runs = plan.token_runs
         seg = runs.pages > 0  # the runs of new pages (zigzag segments), in page order
-        new_pages, counts = self._pick(runs.owner[seg], runs.pages[seg])
+        new_pages, counts = self.pool.pick(runs.owner[seg], runs.pages[seg])
         if self._kernels:  # CUDA (or Triton's interpreter): written on the device in one launch
             from .kernels.slots import fill_out_cache_loc
 
             out = fill_out_cache_loc(plan, last, new_pages, device=self._device)
         else:
             out = self._on_device(extend_slots(plan, last, new_pages))
-        self._commit(new_pages, counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
+        self.pool.commit(new_pages, counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
         self._memo.drop(key)  # kept only while the batch was not allocated (e.g. a retry after LaneExhausted)
         new_pages.setflags(write=False)
         return ExtendAllocation(out_cache_loc=out, plan=plan, new_pages=new_pages)
@@ -259,7 +251,7 @@ class OwnerLaneAllocator:
         Raises:
             As ``alloc_extend``; in every case nothing is allocated.
         """
-        fast = alloc_single_page(self, seq_lens, None, last_locs)
+        fast = self._alloc_one_page(seq_lens, None, last_locs)
         if fast is not None:
             return fast
         L0 = as_int_array("seq_lens", seq_lens)
@@ -322,9 +314,9 @@ class OwnerLaneAllocator:
                 f"new_len={new_len} out of range [0, {m * P}]: the request's {m} pages of {P} tokens hold "
                 f"positions 0 .. {m * P - 1}"
             )
-        self._check_held(pages, "release_tail: the request's pages include")
+        self.pool.check_held(pages, "release_tail: the request's pages include")
         tail = pages[-(-new_len // P) :].copy()
-        self._release(tail)  # checked above with the rest of the request's pages
+        self.pool.release(tail)  # checked above with the rest of the request's pages
         return tail
 
     def free(self, pages) -> None:
@@ -340,59 +332,10 @@ class OwnerLaneAllocator:
         pages = self._pages_array(pages)
         if pages.size == 0:
             return
-        self._check_held(pages)
-        self._release(pages)
+        self.pool.check_held(pages)
+        self.pool.release(pages)
 
     # ---------------------------------------------------------------------------------------- private
-    def _release(self, pages: np.ndarray) -> None:
-        """Push checked, held ``pages`` (int64 ``[n]``, n >= 0) back onto their lanes' stacks (``free``)."""
-        if pages.size == 0:
-            return
-        C = self.config.cp_size
-        if pages.shape[0] == 1:  # one page (a request's last partial page): no sort
-            p = int(pages[0])
-            r = p % C
-            self._stack[self._base[r] + self._top[r]] = p
-            self._top[r] += 1
-        elif C == 1:
-            top = int(self._top[0])
-            self._stack[top : top + pages.shape[0]] = pages[::-1]
-            self._top[0] += pages.shape[0]
-        else:  # each lane's pages go on its stack in reverse order (the first listed on top), all lanes at once
-            lanes = pages % C
-            order = np.argsort(lanes, kind="stable")  # by lane, listed order within a lane
-            counts = np.bincount(lanes, minlength=C)  # [C]
-            # page k of the sorted order, j-th of its lane r: _stack[_base[r] + _top[r] + counts[r] - 1 - j]
-            # with j = k - (pages of lanes below r): one offset per lane, minus k.
-            first = self._base + self._top - 1 + np.add.accumulate(counts)  # [C]
-            self._stack[first[lanes[order]] - np.arange(pages.shape[0])] = pages[order]
-            self._top += counts
-        self._taken[pages] = False
-        self._changes += 1
-
-    def _check_held(self, pages: np.ndarray, what: str = "cannot free") -> None:
-        """AllocatorError (``"{what} page {p}: {why}"``) unless every page is handed out and listed once:
-        not page 0, not free, not beyond its lane's capacity, no duplicate."""
-        n = pages.shape[0]
-        if np.count_nonzero(self._taken[pages]) == n:  # the common case: one lookup, then duplicates on a sorted copy
-            if n < 2:
-                return
-            ordered = np.sort(pages)
-            if not np.count_nonzero(ordered[1:] == ordered[:-1]):
-                return
-        C = self.config.cp_size
-        bad = pages[pages == 0]
-        if bad.size:
-            raise AllocatorError(f"{what} page 0: it is reserved for padding writes")
-        bad = pages[~self._taken[pages]]
-        if bad.size:
-            p = int(bad[0])
-            why = "it is already free (double free)" if self._usable[p] else f"beyond lane {p % C}'s capacity"
-            raise AllocatorError(f"{what} page {p}: {why}")
-        uniq, cnt = np.unique(pages, return_counts=True)
-        if (cnt > 1).any():
-            raise AllocatorError(f"{what} page {int(uniq[cnt > 1][0])}: listed more than once")
-
     def _pages_array(self, pages) -> np.ndarray:
         arr = as_int_array("pages", pages, error=AllocatorError)
         if arr.shape[0] and arr.view(_U64).max() >= self.num_pages:  # a negative id wraps to a huge one
@@ -414,8 +357,8 @@ class OwnerLaneAllocator:
         L0, E = lengths(prefix_lens, extend_lens)
         last = as_int_array("last_locs", last_locs, L0.shape[0])
         balanced = follows_free_pages(self.config.owner_policy)
-        key, free = PlanMemo.key(L0, E, last), self._top.tobytes() if balanced else b""
-        hit = self._memo.get(key, self._changes, free)
+        key, free = PlanMemo.key(L0, E, last), self.pool.free.tobytes() if balanced else b""
+        hit = self._memo.get(key, self.pool.changes, free)
         if hit is not None:
             if not hit.current:
                 self._head_owners(L0, last)  # raises as planning would
@@ -423,19 +366,19 @@ class OwnerLaneAllocator:
         head = self._head_owners(L0, last)
         _check_shared_heads(L0, E, last, self.config.page_size)
         P, C = self.config.page_size, self.config.cp_size
-        phases = balanced_phases(L0, E, self._top, P, C) if balanced else None
+        phases = balanced_phases(L0, E, self.pool.free, P, C) if balanced else None
         kept = self._memo.kept(key) if balanced else None  # made with other free pages: same phases, same plan
         if kept is not None and kept.request_phases.tobytes() == phases.tobytes():
             plan = kept
         else:
             plan = plan_arrays(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True)
-        self._memo.put(key, plan, self._changes, free)
+        self._memo.put(key, plan, self.pool.changes, free)
         return plan, last, key
 
     def _head_owners(self, L0: np.ndarray, last: np.ndarray) -> np.ndarray:
         """Validate ``last_locs`` against ``prefix_lens`` (C-FAIL-FAST) and return lanes (-1: none)."""
         P, C = self.config.page_size, self.config.cp_size
-        valid = self._valid_last_locs(L0, last, P)
+        valid = self.pool.valid_last_locs(L0, last, P)
         if valid is not None:
             nxt, page = valid
             return np.where(nxt != 0, page % C, -1)
@@ -460,59 +403,13 @@ class OwnerLaneAllocator:
                 f"(last_loc + 1) % {P} = {(int(last[i]) + 1) % P} but prefix_len % {P} = {int(L0[i]) % P}"
             )
         page = np.where(has, last // P, 0)
-        bad = np.flatnonzero(has & ~self._taken[page])
+        bad = np.flatnonzero(has & ~self.pool.is_held(page))
         if bad.size:
             i = int(bad[0])
             p = int(page[i])
-            why = "is free" if self._usable[p] else f"does not exist (lane {p % C} holds {self.lane_pages[p % C]} pages)"
+            why = "is free" if self.pool.exists(p) else f"does not exist (lane {p % C} holds {self.lane_pages[p % C]} pages)"
             raise AllocatorError(f"request {i}: last_loc={int(last[i])} lies on page {p}, which {why}")
         return np.where(has, page % C, -1)
-
-    def _valid_last_locs(self, L0: np.ndarray, last: np.ndarray, P) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(last_locs + 1, page of each last_loc)``, int64 ``[B]`` each, when every ``last_loc`` is valid for
-        its ``prefix_len`` (C-FAIL-FAST), else None (``_head_owners`` then names the first bad request).
-
-        Valid: ``last_loc = -1`` exactly where ``prefix_len = 0`` (the xor), else on a handed-out page (an id
-        out of the pool clips onto page 0 or the spare last entry, never taken) with ``(last_loc + 1) % P ==
-        prefix_len % P``. ``P``: the page size, an int or a 0-d int64 array (the single-page path's)."""
-        nxt = last + 1
-        page = last // P
-        ok = (self._taken.take(page, mode="clip") | (nxt == 0)) & (nxt % P == L0 % P)
-        if np.count_nonzero(ok) != L0.shape[0] or np.count_nonzero(np.logical_xor(L0, nxt)):
-            return None
-        return nxt, page
-
-    def _check_counts(self, counts: np.ndarray) -> None:
-        short = (counts > self._top).nonzero()[0]
-        if short.shape[0]:
-            r = int(short[0])
-            raise LaneExhausted(r, int(counts[r]), int(self._top[r]))
-
-    def _lane_stack(self, r: int) -> np.ndarray:
-        """Free page ids of lane r, bottom to top (a view)."""
-        return self._stack[self._base[r] : self._base[r] + self._top[r]]
-
-    def _pick(self, run_owner: np.ndarray, run_pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The pages for runs of one owner each, in run order, without taking them: ``(pages, counts)``,
-        int64 ``[sum run_pages]`` and ``[C]``; ``_commit`` takes them. LaneExhausted when a lane is short.
-
-        Run j takes the next ``run_pages[j]`` pages off the top of lane ``run_owner[j]``'s stack, after the
-        pages the earlier runs of that lane took. Work is O(runs + pages), independent of cp_size and pool.
-        Example C=4, lane 3 stack [.., 19, 11, 7, 3] (top 3): runs (lane 3, 2 pages), (lane 3, 1 page)
-        -> [3, 7, 11]; the stack's top is then 19.
-        """
-        C = self.config.cp_size
-        counts = np.bincount(run_owner, weights=run_pages, minlength=C).astype(_I64)  # [C]
-        self._check_counts(counts)
-        before = offsets_within_key(run_owner, run_pages, counts)  # pages earlier runs take from the lane
-        top = self._base + self._top - 1  # [C] index of each lane's top page in _stack
-        return self._stack[expand_runs(top[run_owner] - before, run_pages, step=-1)], counts
-
-    def _commit(self, pages: np.ndarray, counts: np.ndarray) -> None:
-        """Take the pages ``_pick`` chose: pop ``counts[r]`` pages off every lane's stack."""
-        self._top -= counts
-        self._taken[pages] = True
-        self._changes += 1
 
 
 def _check_shared_heads(L0: np.ndarray, E: np.ndarray, last: np.ndarray, P: int) -> None:
