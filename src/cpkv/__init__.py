@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {  # public name -> the module that defines it
-    "ExtendAllocation": ".allocation",
+    "ExtendAllocation": ".allocator",
     "OwnerLaneAllocator": ".allocator",
     "CacheEntry": ".cache",
     "HostTier": ".cache",

@@ -1,4 +1,4 @@
-"""The single-page path (decode steps, small calls; ``cpkv/single_page.py``) against the general path.
+"""The single-page path (decode steps, small calls; ``cpkv/allocator/one_page.py``) against the general path.
 
 Differential: the same allocator state and call go through ``alloc_decode`` / ``alloc_extend`` (which take
 the single-page path whenever every request needs at most one new page) and through the general path

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cpkv.allocator import LanePool
 from cpkv.errors import AllocatorError, LaneExhausted
-from cpkv.lane_pool import LanePool
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-ALLOC")]
 

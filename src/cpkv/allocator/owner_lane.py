@@ -12,21 +12,22 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .allocation import ExtendAllocation
-from .config import CPConfig
-from .errors import AllocatorError, ConfigError
-from .kernels.backend import interpreter_requested, kernel_mode, use_kernels
-from .lane_pool import LanePool
-from .layout import check_pool_kind
-from .limits import check_bytes
-from .plan_memo import PlanMemo
-from .planner import BatchPlan, plan_arrays
-from .policy import balanced_phases, follows_free_pages
-from .single_page import OnePageTables, pick_one_page
-from .slots import extend_slots
-from .validate import as_int_array, check_int, lengths, per_lane_ints
+from ..config import CPConfig
+from ..errors import AllocatorError, ConfigError
+from ..kernels.backend import interpreter_requested, kernel_mode, use_kernels
+from ..layout import check_pool_kind
+from ..limits import check_bytes
+from ..planner import BatchPlan, plan_arrays
+from ..policy import balanced_phases, follows_free_pages
+from ..slots import extend_slots
+from ..validate import as_int, as_int_array, check_int, lengths, per_lane_ints
+from .checks import check_shared_heads, head_owners, lane_array, page_id_array
+from .memo import PlanMemo
+from .one_page import OnePageTables, pick_one_page
+from .pool import LanePool
+from .result import ExtendAllocation
 
-_I64, _U64 = np.int64, np.uint64
+_I64 = np.int64
 
 
 class OwnerLaneAllocator:
@@ -136,7 +137,7 @@ class OwnerLaneAllocator:
 
     def is_free(self, pages) -> np.ndarray:
         """Bool ``[n]``: whether each page id is currently free (ids must be in ``[0, num_pages)``)."""
-        return self.pool.is_free(self._pages_array(pages))
+        return self.pool.is_free(page_id_array(pages, self.num_pages))
 
     def state_digest(self) -> str:
         """SHA-256 hex of the full free-list state; equal on every rank that replayed the same calls."""
@@ -156,7 +157,7 @@ class OwnerLaneAllocator:
             AllocatorError: an owner out of range. LaneExhausted: a lane has fewer free pages than the
                 call needs; nothing is allocated.
         """
-        owners = self._lanes_array(owners)
+        owners = lane_array(owners, self.config.cp_size)
         # Runs of equal owners: [4, 4, 1, 4] -> owners [4, 1, 4], pages [2, 1, 1].
         starts = np.flatnonzero(np.diff(owners, prepend=-1)) if owners.size else np.zeros(0, _I64)
         run_pages = np.diff(starts, append=owners.shape[0])
@@ -191,7 +192,7 @@ class OwnerLaneAllocator:
 
     def _alloc_one_page(self, prefix_lens, extend_lens, last_locs) -> ExtendAllocation | None:
         """``alloc_extend`` (``extend_lens`` None: ``alloc_decode``) of a batch whose requests each take at
-        most one new page, without the planner (``single_page.py``); None when that path declines."""
+        most one new page, without the planner (``one_page.py``); None when that path declines."""
         got = pick_one_page(self.pool, self._one_page, self.config, prefix_lens, extend_lens, last_locs)
         if got is None:
             return None
@@ -208,7 +209,7 @@ class OwnerLaneAllocator:
         seg = runs.pages > 0  # the runs of new pages (zigzag segments), in page order
         new_pages, counts = self.pool.pick(runs.owner[seg], runs.pages[seg])
         if self._kernels:  # CUDA (or Triton's interpreter): written on the device in one launch
-            from .kernels.slots import fill_out_cache_loc
+            from ..kernels.slots import fill_out_cache_loc
 
             out = fill_out_cache_loc(plan, last, new_pages, device=self._device)
         else:
@@ -224,7 +225,7 @@ class OwnerLaneAllocator:
         Validates ``last_locs`` and derives head owners as ``alloc_extend`` does; under ``balanced`` the
         phases reflect the current free pages. A scheduler checks budgets on it (e.g.
         ``mqa_logits_elements``) before calling ``alloc_extend`` with the same arguments, which yields the
-        same plan while no other call intervenes. The allocator keeps the plan (``plan_memo.py``): that
+        same plan while no other call intervenes. The allocator keeps the plan (``memo.py``): that
         ``alloc_extend``, and another ``plan_extend`` of the same arguments, reuse it instead of planning
         again whenever they would plan the same (``rotation``, ``legacy``: always; ``balanced``: while the
         free pages per lane are the same), ``last_locs`` checked again once pages changed.
@@ -239,7 +240,7 @@ class OwnerLaneAllocator:
 
         A new page is taken only when position ``seq_len`` starts a page, on the lane the policy gives
         (C-PHASE; ``balanced``: C-BALANCED), else the token goes to ``last_loc + 1``. Runs without the
-        extend planner (``single_page.py``); the result's ``plan`` is built on first access.
+        extend planner (``one_page.py``); the result's ``plan`` is built on first access.
 
         Args:
             seq_lens: ``[B]`` tokens cached per request (ints >= 0; list, numpy or CPU tensor).
@@ -304,11 +305,9 @@ class OwnerLaneAllocator:
                 of range, page 0, a page that is free or beyond its lane's capacity, or one listed twice
                 (anywhere in ``page_ids``). Nothing is freed.
         """
-        pages = self._pages_array(page_ids)
+        pages = page_id_array(page_ids, self.num_pages)
         P, m = self.config.page_size, pages.shape[0]
-        if isinstance(new_len, bool) or not hasattr(new_len, "__index__"):
-            raise AllocatorError(f"new_len must be an integer, got {new_len!r}")
-        new_len = int(new_len)
+        new_len = as_int("new_len", new_len, AllocatorError)
         if not 0 <= new_len <= m * P:
             raise AllocatorError(
                 f"new_len={new_len} out of range [0, {m * P}]: the request's {m} pages of {P} tokens hold "
@@ -329,31 +328,16 @@ class OwnerLaneAllocator:
             AllocatorError: page 0, an id out of range or beyond its lane's capacity, a page already
                 free, or a page listed twice; nothing is freed.
         """
-        pages = self._pages_array(pages)
+        pages = page_id_array(pages, self.num_pages)
         if pages.size == 0:
             return
         self.pool.check_held(pages)
         self.pool.release(pages)
 
     # ---------------------------------------------------------------------------------------- private
-    def _pages_array(self, pages) -> np.ndarray:
-        arr = as_int_array("pages", pages, error=AllocatorError)
-        if arr.shape[0] and arr.view(_U64).max() >= self.num_pages:  # a negative id wraps to a huge one
-            bad = arr[(arr < 0) | (arr >= self.num_pages)]
-            raise AllocatorError(f"page id {int(bad[0])} out of range [0, {self.num_pages})")
-        return arr
-
-    def _lanes_array(self, owners) -> np.ndarray:
-        arr = as_int_array("owners", owners, error=AllocatorError)
-        bad = np.flatnonzero((arr < 0) | (arr >= self.config.cp_size))
-        if bad.size:
-            i = int(bad[0])
-            raise AllocatorError(f"owners[{i}]={int(arr[i])} out of range [0, {self.config.cp_size})")
-        return arr
-
     def _plan_extend(self, prefix_lens, extend_lens, last_locs) -> tuple[BatchPlan, np.ndarray, bytes]:
         """``(plan, last_locs, memo key)`` of a batch: the kept plan of these arguments when it is still the
-        plan (``plan_memo.py``), else a new one, which is kept."""
+        plan (``memo.py``), else a new one, which is kept."""
         L0, E = lengths(prefix_lens, extend_lens)
         last = as_int_array("last_locs", last_locs, L0.shape[0])
         balanced = follows_free_pages(self.config.owner_policy)
@@ -361,10 +345,10 @@ class OwnerLaneAllocator:
         hit = self._memo.get(key, self.pool.changes, free)
         if hit is not None:
             if not hit.current:
-                self._head_owners(L0, last)  # raises as planning would
+                head_owners(self.pool, self.config, L0, last)  # raises as planning would
             return hit.plan, last, key
-        head = self._head_owners(L0, last)
-        _check_shared_heads(L0, E, last, self.config.page_size)
+        head = head_owners(self.pool, self.config, L0, last)
+        check_shared_heads(L0, E, last, self.config.page_size)
         P, C = self.config.page_size, self.config.cp_size
         phases = balanced_phases(L0, E, self.pool.free, P, C) if balanced else None
         kept = self._memo.kept(key) if balanced else None  # made with other free pages: same phases, same plan
@@ -374,60 +358,3 @@ class OwnerLaneAllocator:
             plan = plan_arrays(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True)
         self._memo.put(key, plan, self.pool.changes, free)
         return plan, last, key
-
-    def _head_owners(self, L0: np.ndarray, last: np.ndarray) -> np.ndarray:
-        """Validate ``last_locs`` against ``prefix_lens`` (C-FAIL-FAST) and return lanes (-1: none)."""
-        P, C = self.config.page_size, self.config.cp_size
-        valid = self.pool.valid_last_locs(L0, last, P)
-        if valid is not None:
-            nxt, page = valid
-            return np.where(nxt != 0, page % C, -1)
-        none = L0 <= 0
-        has = ~none
-        bad = np.flatnonzero(none & (last != -1))
-        if bad.size:
-            i = int(bad[0])
-            raise AllocatorError(f"request {i}: prefix_len={int(L0[i])} needs last_loc=-1, got {int(last[i])}")
-        bad = np.flatnonzero(has & ((last < P) | (last >= self.num_pages * P)))
-        if bad.size:
-            i = int(bad[0])
-            raise AllocatorError(
-                f"request {i}: last_loc={int(last[i])} out of range [{P}, {self.num_pages * P}) "
-                f"for prefix_len={int(L0[i])}"
-            )
-        bad = np.flatnonzero(has & ((last + 1) % P != L0 % P))
-        if bad.size:
-            i = int(bad[0])
-            raise AllocatorError(
-                f"request {i}: last_loc={int(last[i])} is inconsistent with prefix_len={int(L0[i])}: "
-                f"(last_loc + 1) % {P} = {(int(last[i]) + 1) % P} but prefix_len % {P} = {int(L0[i]) % P}"
-            )
-        page = np.where(has, last // P, 0)
-        bad = np.flatnonzero(has & ~self.pool.is_held(page))
-        if bad.size:
-            i = int(bad[0])
-            p = int(page[i])
-            why = "is free" if self.pool.exists(p) else f"does not exist (lane {p % C} holds {self.lane_pages[p % C]} pages)"
-            raise AllocatorError(f"request {i}: last_loc={int(last[i])} lies on page {p}, which {why}")
-        return np.where(has, page % C, -1)
-
-
-def _check_shared_heads(L0: np.ndarray, E: np.ndarray, last: np.ndarray, P: int) -> None:
-    """AllocatorError when two requests of a batch would write head tokens into the same page (C-HEAD):
-    both ``last_loc`` on one partly filled page (``prefix_len % P != 0``) and both extending, so their
-    tokens would take the same slots. A page holds one sequence's next tokens; a scheduler that shares a
-    partly filled prefix page copies it first (requests that share whole pages are fine).
-    Example P=4: ``alloc_extend([6, 6], [1, 1], [9, 9])`` would give both requests slot 10."""
-    rows = ((L0 % P != 0) & (E > 0)).nonzero()[0]
-    if rows.shape[0] < 2:
-        return
-    page = last[rows] // P
-    order = np.argsort(page, kind="stable")
-    same = np.flatnonzero(page[order][1:] == page[order][:-1])
-    if same.size:
-        i, j = sorted((int(rows[order[same[0]]]), int(rows[order[same[0] + 1]])))
-        raise AllocatorError(
-            f"requests {i} and {j}: last_loc={int(last[i])} and last_loc={int(last[j])} lie on page "
-            f"{int(last[i]) // P}, partly filled, and both extend it: their head tokens would take the same "
-            f"slots (copy a shared partly filled page before extending it)"
-        )

@@ -23,13 +23,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import limits
-from .config import BALANCED, CPConfig
-from .lane_pool import LanePool
-from .planner import BatchPlan, plan_batch
-from .policy import one_page_lanes, rotation_phase
-from .slots import one_page_slots
-from .validate import MAX_POSITION, int64_copy, plan_bytes_bound
+from .. import limits
+from ..config import BALANCED, CPConfig
+from ..planner import BatchPlan, plan_batch
+from ..policy import one_page_lanes, rotation_phase
+from ..slots import one_page_slots
+from ..validate import MAX_POSITION, int64_copy, plan_bytes_bound
+from .pool import LanePool
 
 _I64, _U64 = np.int64, np.uint64
 _EMPTY = np.zeros(0, dtype=_I64)

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import AllocatorError, LaneExhausted
-from .runs import expand_runs, offsets_within_key
+from ..errors import AllocatorError, LaneExhausted
+from ..runs import expand_runs, offsets_within_key
 
 _I64 = np.int64
 _SMALL = 32  # up to this many one-page runs are placed in Python by pick_one_each (cheaper than pick)
