@@ -1,4 +1,4 @@
-"""Chunk sizing and admission for one prefill step: the real per-lane footprint, the logits budget (issue 11).
+"""Chunk sizing and admission for one prefill step: the real per-lane footprint, the logits budget.
 
 A step's batch is built one request at a time, oldest first. Each request gets the longest next chunk
 that satisfies three limits at once:

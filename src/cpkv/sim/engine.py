@@ -1,4 +1,4 @@
-"""One policy's replay: a deterministic step loop over cpkv's real allocator and prefix cache (issues 8, 11).
+"""One policy's replay: a deterministic step loop over cpkv's real allocator and prefix cache.
 
 Each step: running requests, oldest first, get the longest next chunk that fits the token budget, every
 lane's free + evictable pages and the logits budget (``admission.StepBuilder``); then waiting requests
@@ -33,7 +33,7 @@ from ..errors import LaneExhausted
 from .admission import Fit, StepBuilder, pages_to_finish, reservation_short, stuck_alone
 from .config import SimConfig
 from .cost import step_work
-from .metrics import StepRecorder, compute_imbalance, compute_imbalance_mean, lane_metrics, percentile_ms
+from .metrics import StepRecorder, policy_metrics
 from .report import PolicyResult
 from .spec_decode import SpecDecoder
 from .trace import Request, prompt_token_ids
@@ -63,10 +63,8 @@ class _Running:
 
 
 GC_GEN0_THRESHOLD = 100_000
-"""Allocations between two young-generation collections during a replay (CPython's default: 700). The step
-loop makes millions of short-lived objects and few reference cycles; at the default, collections cost
-about 5 % of the command (full trace, balanced, ten alternated runs: 11.1 -> 10.5 s of CPU on average) for
-16 MB of peak RSS."""
+"""Allocations between two young-generation collections during a replay (CPython's default: 700): the step
+loop makes millions of short-lived objects and few reference cycles (benchmarks/README.md)."""
 
 
 @contextmanager
@@ -319,7 +317,7 @@ class PolicyRun:
                 self.finished += 1
         return a.plan.per_rank_tokens
 
-    def _leaked_pages(self) -> int:
+    def leaked_pages(self) -> int:
         """Pages in use that neither the prefix cache nor a live request holds (0 unless pages leak)."""
         live = sum(p.shape[0] for r in self.running + self.decoding for p in r.own_pages)
         return int(self.alloc.used_pages_per_lane().sum() - self.cache.cached_pages_per_lane().sum()) - live
@@ -385,39 +383,4 @@ class PolicyRun:
 
     def _result(self, wall_s: float) -> PolicyResult:
         used = self.rec.used()
-        work = self.rec.work()
-        counters = self.cache.counters()
-        reasons: dict[str, int] = {}
-        for why in self.rejections.values():
-            code = why.split(":", 1)[0]
-            reasons[code] = reasons.get(code, 0) + 1
-        metrics = {
-            "requests_total": len(self.requests),
-            "requests_finished": self.finished,
-            "requests_rejected": len(self.rejections),
-            "prefill_tokens": self.prefill_tokens,
-            "cache_hit_tokens": self.cache_hit_tokens,
-            **lane_metrics(used, self.cfg.lane_capacities),
-            "compute_imbalance": compute_imbalance(work),
-            "compute_imbalance_mean": compute_imbalance_mean(work),
-            "owner_lane_exhausted": self.owner_lane_exhausted,
-            "load_back_owner_lane_capacity_failed": counters["load_back_owner_lane_capacity_failed"],
-            "evicted_pages": int(sum(counters["evicted_pages"])),
-            "livelock_detected": self.livelock is not None,
-            "ttft_ms_p50": percentile_ms(self.ttft_ms, 50),
-            "ttft_ms_p99": percentile_ms(self.ttft_ms, 99),
-            "mqa_logits_peak_elements": self.logits_peak,
-            "logits_budget_elements": self.cfg.logits_budget_elements,
-            "logits_budget_cuts": self.logits_budget_cuts,
-            "sim_wall_s": round(wall_s, 3),
-            "steps": self.rec.num_steps,
-            "sim_time_ms": self.now_ms,
-            "leaked_pages": self._leaked_pages(),
-            **(self.spec.metrics() if self.spec else {}),
-            "load_back_pages": counters["load_backs"],
-            "host_backups": counters["backups"],
-            "rejection_reasons": dict(sorted(reasons.items())),
-            "livelock": self.livelock,
-            "rejections": {str(k): v for k, v in sorted(self.rejections.items())[:100]},
-        }
-        return PolicyResult(self.policy, metrics, self.rec.times(), used)
+        return PolicyResult(self.policy, policy_metrics(self, used, wall_s), self.rec.times(), used)
