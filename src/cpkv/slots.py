@@ -18,7 +18,7 @@ import numpy as np
 from .runs import expand_runs
 
 if TYPE_CHECKING:
-    from .planner import BatchPlan
+    from .plan import BatchPlan
 
 _I64 = np.int64
 

@@ -25,7 +25,8 @@ import numpy as np
 
 from .. import limits
 from ..config import BALANCED, CPConfig
-from ..planner import BatchPlan, plan_batch
+from ..plan import BatchPlan
+from ..planner import plan_batch
 from ..policy import one_page_lanes, rotation_phase
 from ..slots import one_page_slots
 from ..validate import MAX_POSITION, int64_copy, plan_bytes_bound

@@ -17,7 +17,8 @@ from ..errors import AllocatorError, ConfigError
 from ..kernels.backend import interpreter_requested, kernel_mode, use_kernels
 from ..layout import check_pool_kind
 from ..limits import check_bytes
-from ..planner import BatchPlan, plan_arrays
+from ..plan import BatchPlan
+from ..planner import plan_arrays
 from ..policy import balanced_phases, follows_free_pages
 from ..slots import extend_slots
 from ..validate import as_int, as_int_array, check_int, lengths, per_lane_ints

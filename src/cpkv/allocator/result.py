@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import AllocatorError
-from ..planner import BatchPlan
+from ..plan import BatchPlan
 
 if TYPE_CHECKING:
     import torch

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..config import CPConfig
 from ..estimator import mqa_logits_elements
-from ..planner import BatchPlan, RequestPlan
+from ..plan import BatchPlan, RequestPlan
 from ..runs import run_starts
 
 _LANE_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"

@@ -12,7 +12,7 @@ import torch
 
 from ..errors import KernelError
 from ..layout import SharedKVLayout
-from ..planner import BatchPlan
+from ..plan import BatchPlan
 from ..slots import extend_slots
 from ..validate import as_int_array
 from .backend import kernel_backend, kernel_module
