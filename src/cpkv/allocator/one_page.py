@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import NamedTuple
 
 import numpy as np
 
@@ -55,20 +54,11 @@ class OnePageTables:
         self.stamp = np.zeros(num_pages + 1, dtype=_I64)
 
 
-class OnePage(NamedTuple):
-    """What ``pick_one_page`` chose, nothing taken yet.
-
-    Attributes:
-        slots: ``[sum E]`` int64 numpy ``out_cache_loc`` on the host.
-        new_pages: ``[k]`` int64 pages picked, request order. counts: int64 ``[C]`` of them per lane, for
-            ``LanePool.commit``; None when no request takes a page.
-        make_plan: builds the call's ``BatchPlan`` (``ExtendAllocation``'s ``make_plan``).
-    """
-
-    slots: np.ndarray
-    new_pages: np.ndarray
-    counts: np.ndarray | None
-    make_plan: Callable[[], BatchPlan]
+OnePage = tuple[np.ndarray, np.ndarray, "np.ndarray | None", Callable[[], BatchPlan]]
+"""What ``pick_one_page`` chose, nothing taken yet: ``(slots, new_pages, counts, make_plan)``: ``[sum E]``
+int64 numpy ``out_cache_loc`` on the host; ``[k]`` int64 pages picked, request order; int64 ``[C]`` of them
+per lane for ``LanePool.commit`` (None when no request takes a page); the builder of the call's
+``BatchPlan`` (``ExtendAllocation``'s ``make_plan``). A plain tuple: this runs once per decode step."""
 
 
 def pick_one_page(pool: LanePool, tables: OnePageTables, config: CPConfig, prefix_lens, extend_lens,
@@ -84,7 +74,7 @@ def pick_one_page(pool: LanePool, tables: OnePageTables, config: CPConfig, prefi
         last_locs: ``[B]`` slot of position ``prefix_len - 1``, -1 when ``prefix_len == 0``.
 
     Returns:
-        ``OnePage`` with what the general path would allocate, or None when the batch is empty, a request
+        ``OnePage`` ``(slots, new_pages, counts, make_plan)`` with what the general path would allocate, or None when the batch is empty, a request
         needs two or more new pages, an input is not a 1-D int64 array, CPU tensor or list of ints, a lane
         is short, or any input is invalid (the general path raises the error).
     """
@@ -109,7 +99,7 @@ def pick_one_page(pool: LanePool, tables: OnePageTables, config: CPConfig, prefi
     else:
         lanes, new_pages, counts = _EMPTY, _EMPTY, None
     slots = one_page_slots(L0, E, nxt, new_rows, new_pages, tables.P if E is None else config.page_size)
-    return OnePage(slots, new_pages, counts, partial(_plan, config, L0, E, last, new_rows, lanes))
+    return slots, new_pages, counts, partial(_plan, config, L0, E, last, new_rows, lanes)
 
 
 def _decode_rows(pool: LanePool, t: OnePageTables, config: CPConfig, L0: np.ndarray,

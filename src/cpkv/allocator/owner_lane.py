@@ -197,11 +197,12 @@ class OwnerLaneAllocator:
         got = pick_one_page(self.pool, self._one_page, self.config, prefix_lens, extend_lens, last_locs)
         if got is None:
             return None
-        out_cache_loc = self._on_device(got.slots)
-        if got.counts is not None:
-            self.pool.commit(got.new_pages, got.counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
-            got.new_pages.setflags(write=False)
-        return ExtendAllocation(out_cache_loc, None, got.new_pages, make_plan=got.make_plan)
+        slots, new_pages, counts, make_plan = got
+        out_cache_loc = self._on_device(slots)
+        if counts is not None:
+            self.pool.commit(new_pages, counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
+            new_pages.setflags(write=False)
+        return ExtendAllocation(out_cache_loc, None, new_pages, make_plan=make_plan)
 
     def _alloc_planned(self, prefix_lens, extend_lens, last_locs) -> ExtendAllocation:
         """The general path of ``alloc_extend``: plan the batch, pick every run's pages, commit."""

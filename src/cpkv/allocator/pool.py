@@ -32,6 +32,7 @@ class LanePool:
     Attributes:
         cp_size: C. lane_pages: int64 ``[C]`` Q_r. pages_per_lane: ``max(Q_r)``. num_pages: ``C * max(Q_r)``.
         capacity_per_lane: int64 ``[C]`` usable pages (lane 0 loses page 0).
+        free: int64 ``[C]`` free pages per lane, a read-only view of the live counts (copy it to keep it).
         changes: calls that took or gave back pages so far.
     """
 
@@ -50,6 +51,7 @@ class LanePool:
             [np.arange(q - 1, -1 if r else 0, -1, dtype=_I64) * C + r for r, q in enumerate(caps)]
         )
         self._top = usable.copy()  # [C] free pages
+        self._make_views()
         # Bitmaps [num_pages + 1]: _usable, the page exists and is not page 0; _taken, it is handed out (a
         # checked page to free or extend is one lookup). The extra last entry (neither) is where clipped
         # out-of-range page ids land.
@@ -59,13 +61,21 @@ class LanePool:
         self.capacity_per_lane = self._top.copy()  # [C] usable pages
         self.changes = 0
 
+    def _make_views(self) -> None:
+        self.free = self._top.view()  # read-only, follows every change of _top (updated in place only)
+        self.free.setflags(write=False)
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles carry the counts, not the view (a copied view would stop following them)."""
+        state = self.__dict__.copy()
+        del state["free"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._make_views()
+
     # ----------------------------------------------------------------------------------------- queries
-    @property
-    def free(self) -> np.ndarray:
-        """Free pages per lane, int64 ``[C]``: a read-only view of the live counts (copy it to keep it)."""
-        view = self._top.view()
-        view.setflags(write=False)
-        return view
 
     def is_held(self, pages: np.ndarray) -> np.ndarray:
         """Bool ``[n]``: whether each page is handed out; ids outside ``[0, num_pages)`` clip onto entries

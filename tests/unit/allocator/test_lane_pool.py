@@ -101,3 +101,15 @@ def test_checks_name_the_page_and_change_nothing():
     assert pool.valid_last_locs(np.array([0]), np.array([2]), 2) is None  # no prefix but a last_loc
     with pytest.raises(ValueError):
         pool.free[0] = 9  # read-only view
+
+
+def test_copies_keep_their_own_live_free_counts():
+    import copy
+    import pickle
+
+    pool = LanePool([4, 4])
+    for clone in (copy.deepcopy(pool), pickle.loads(pickle.dumps(pool))):
+        pages, counts = clone.pick(np.array([1]), np.array([2]))
+        clone.commit(pages, counts)
+        assert clone.free.tolist() == [3, 2] and pool.free.tolist() == [3, 4]  # the view follows its own pool
+        assert not clone.free.flags.writeable
