@@ -15,7 +15,7 @@ import numpy as np
 
 from .config import CPConfig
 from .errors import ConfigError, PlanError
-from .validate import as_int_array
+from .validate import as_int, as_int_array
 
 _I64 = np.int64
 
@@ -92,9 +92,7 @@ def _check(page_ids, seq_len, extra: int, config) -> tuple[np.ndarray, int]:
     if bad.size:
         i = int(bad[0])
         raise PlanError(f"page_ids[{i}]={int(pages[i])} is negative; a request's pages are ids >= 0")
-    if isinstance(seq_len, bool) or not hasattr(seq_len, "__index__"):
-        raise PlanError(f"seq_len must be an integer, got {seq_len!r}")
-    L, P, m = int(seq_len), config.page_size, pages.shape[0]
+    L, P, m = as_int("seq_len", seq_len, PlanError), config.page_size, pages.shape[0]
     if L < 0:
         raise PlanError(f"seq_len={L} must be >= 0")
     if L + extra > m * P:
