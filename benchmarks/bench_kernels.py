@@ -21,8 +21,8 @@ from _common import parser, print_table, write_json
 
 from cpkv import CPConfig, SharedKVLayout, plan_batch
 from cpkv import kernels as K
-from cpkv.allocator import _extend_slots
 from cpkv.kernels.slots import fill_table, launch_fill
+from cpkv.slots import extend_slots
 
 C, P = 8, 64
 # GPU clock cycles (~50 ms at 2 GHz) that hold the stream busy: longer than the host takes to queue the calls
@@ -81,7 +81,7 @@ def cases(tokens: int):
     table = torch.from_numpy(fill_table(plan, last, pages)).cuda()
     out = torch.empty(N, dtype=torch.int64, device="cuda")
     fill_bytes = 8 * N + 8 * pages.shape[0]
-    to_device = lambda: torch.from_numpy(_extend_slots(plan, last, pages)).cuda()  # noqa: E731
+    to_device = lambda: torch.from_numpy(extend_slots(plan, last, pages)).cuda()  # noqa: E731
     yield "fill_out_cache_loc (kernel)", "int64", fill_bytes, lambda: launch_fill("triton", table, out, plan), to_device
     yield "fill_out_cache_loc (call)", "int64", fill_bytes, lambda: K.fill_out_cache_loc(plan, last, pages, out=out), to_device
     layout = SharedKVLayout(C, P, -(-N // (C * P)) + 1)

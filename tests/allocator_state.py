@@ -11,5 +11,5 @@ def snapshot(alloc: OwnerLaneAllocator) -> tuple:
         alloc.state_digest(),
         alloc.free_pages_per_lane().tolist(),
         alloc.is_free(np.arange(alloc.num_pages)).tolist(),
-        alloc._taken.tobytes(),
+        alloc.pool.is_held(np.arange(alloc.num_pages + 1)).tobytes(),
     )

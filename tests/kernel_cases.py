@@ -1,8 +1,8 @@
 """Random batches and checks shared by the kernel tests (SPEC C-KERNEL).
 
 ``tests/unit/kernels/`` runs the checks on the CPU through Triton's interpreter, ``tests/kernels/`` on a
-CUDA device (compiled kernels). Each check compares a kernel with the numpy reference (the allocator's
-``_extend_slots``, ``SharedKVLayout`` on numpy arrays, numpy fancy indexing by ``plan.gather_index``) and,
+CUDA device (compiled kernels). Each check compares a kernel with the numpy reference
+(``cpkv.slots.extend_slots``, ``SharedKVLayout`` on numpy arrays, numpy fancy indexing by ``plan.gather_index``) and,
 for ``out_cache_loc``, with the independent per-token oracle; equality is bit for bit (floats compared
 through their integer bit patterns, NaN payloads included).
 """
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 import oracle
 from cpkv import CPConfig, SharedKVLayout, plan_batch
 from cpkv import kernels as K
-from cpkv.allocator import _extend_slots
 from cpkv.planner import BatchPlan
+from cpkv.slots import extend_slots
 
 POLICIES = ("rotation", "legacy", "balanced")
 ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.uint8, torch.int32)
@@ -109,7 +109,7 @@ def check_fill_out_cache_loc(batch: Batch, device, use_out: bool = False) -> tor
     got = K.fill_out_cache_loc(plan, last, pages, device=device, out=out)
     assert got.dtype == torch.int64 and got.device.type == torch.device(device).type
     assert out is None or got.data_ptr() == out.data_ptr()
-    ref = _extend_slots(plan, last, pages)
+    ref = extend_slots(plan, last, pages)
     assert np.array_equal(got.cpu().numpy(), ref)
     expected = []  # the oracle, request by request
     for i in range(plan.num_requests):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {  # public name -> the module that defines it
-    "ExtendAllocation": ".allocation",
+    "ExtendAllocation": ".allocator",
     "OwnerLaneAllocator": ".allocator",
     "CacheEntry": ".cache",
     "HostTier": ".cache",
@@ -36,8 +36,8 @@ _EXPORTS = {  # public name -> the module that defines it
     "verify_rank_kv_lens": ".kv_lens",
     "POOL_KINDS": ".layout",
     "SharedKVLayout": ".layout",
-    "BatchPlan": ".planner",
-    "RequestPlan": ".planner",
+    "BatchPlan": ".plan",
+    "RequestPlan": ".plan",
     "owner_lane_phase": ".planner",
     "plan_batch": ".planner",
     "plan_request": ".planner",

@@ -1,92 +1,32 @@
-"""CP group configuration and owner policies (SPEC C-PHASE, C-BALANCED)."""
+"""CP group configuration and owner policies (SPEC C-PHASE, C-BALANCED).
+
+The scalar checks every configuration uses (``check_int``, ``check_lane``, ``check_cp_size``,
+``per_lane_ints``, ``INT64_MAX``) live in ``validate.py`` and are named here too.
+"""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-from . import limits
-from .errors import ConfigError, CpkvError
+from .errors import ConfigError
+from .validate import INT64_MAX, check_cp_size, check_int, check_lane, per_lane_ints
 
-OWNER_POLICIES = ("rotation", "legacy", "balanced")
+__all__ = [
+    "BALANCED", "DEFAULT_OWNER_POLICY", "INT64_MAX", "LEGACY", "OWNER_POLICIES", "OWNER_POLICY_ENV", "ROTATION",
+    "CPConfig", "check_cp_size", "check_int", "check_lane", "per_lane_ints",
+]  # fmt: skip
+
+ROTATION, LEGACY, BALANCED = "rotation", "legacy", "balanced"
+"""The owner policies by name (``CPConfig.owner_policy`` holds one of them; ``policy.py`` has their rules)."""
+
+OWNER_POLICIES = (ROTATION, LEGACY, BALANCED)
 """Owner policies: ``balanced`` (default, C-BALANCED), ``rotation`` (the seed rule, C-PHASE), ``legacy``
 (phase 0, escape hatch)."""
 
-DEFAULT_OWNER_POLICY = "balanced"
+DEFAULT_OWNER_POLICY = BALANCED
 
 OWNER_POLICY_ENV = "CPKV_OWNER_POLICY"
-
-
-INT64_MAX = 2**63 - 1
-"""Largest value ``check_int`` accepts by default: every checked int fits the int64 arrays it sizes or
-indexes (a larger one would overflow numpy with a bare ``OverflowError``)."""
-
-
-def check_int(
-    name: str, value: object, minimum: int, maximum: int | None = INT64_MAX, error: type[CpkvError] = ConfigError
-) -> int:
-    """Return ``value`` as an ``int`` when it is an integer in ``[minimum, maximum]``, else raise ``error``.
-
-    Accepts Python and numpy integers; rejects ``bool``, floats and strings, naming ``name`` and the value.
-    ``maximum`` defaults to ``INT64_MAX`` (the int64 range); ``None`` leaves the value unbounded (a seed,
-    which sizes nothing). ``error`` is the typed error raised (default ``ConfigError``).
-    """
-    value = _as_int(name, value, error)
-    if value < minimum:
-        raise error(f"{name} must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        bound = f"{maximum} (the int64 maximum)" if maximum == INT64_MAX else f"{maximum}"
-        raise error(f"{name} must be <= {bound}, got {value}")
-    return value
-
-
-def check_lane(name: str, value: object, cp_size: int, error: type[CpkvError] = ConfigError) -> int:
-    """Return ``value`` as an ``int`` lane (or rank) in ``[0, cp_size)``, else raise ``error`` naming ``name``.
-
-    A bool or non-integer is refused as such (``"rank must be an integer, got True"``), not as a lane out
-    of range; an integer outside the lanes gives ``"rank=9 out of range [0, 8)"``.
-    """
-    if type(value) is int and 0 <= value < cp_size:  # the common case (an eviction per lane and step), at once
-        return value
-    lane = _as_int(name, value, error)
-    if not 0 <= lane < cp_size:
-        raise error(f"{name}={lane} out of range [0, {cp_size})")
-    return lane
-
-
-def _as_int(name: str, value: object, error: type[CpkvError]) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise error(f"{name} must be an integer, got {value!r}")
-    return int(value)  # type: ignore[call-overload]
-
-
-def check_cp_size(value: object) -> int:
-    """Return ``value`` as an ``int`` cp_size in ``[1, cpkv.limits.MAX_CP_SIZE]``, else raise ``ConfigError``
-    naming the value (and the limit when it is above it). Every CP group of cpkv checks its cp_size here:
-    ``CPConfig`` (so the planner, allocator, ``cpkv plan`` and ``cpkv run-dist``), ``SharedKVLayout``,
-    ``HostTier`` and ``SimConfig``."""
-    cp_size = check_int("cp_size", value, 1, None)
-    if cp_size > limits.MAX_CP_SIZE:
-        raise ConfigError(
-            f"cp_size={cp_size} is above cpkv's limit of {limits.MAX_CP_SIZE} ranks (cpkv.limits.MAX_CP_SIZE)"
-        )
-    return cp_size
-
-
-def per_lane_ints(name: str, value: object, cp_size: int, minimum: int) -> list[int]:
-    """A per-lane capacity: one int for every lane, or a sequence of ``cp_size`` ints, each ``>= minimum``.
-
-    Example ``per_lane_ints("pages_per_lane", 8, 4, 1) -> [8, 8, 8, 8]``. Raises ``ConfigError`` naming
-    ``name`` (and the lane index) for a non-integer, a value below ``minimum`` or a wrong length.
-    """
-    if hasattr(value, "__index__") and not isinstance(value, bool):
-        return [check_int(name, value, minimum)] * cp_size
-    if not hasattr(value, "__iter__") or isinstance(value, (str, bytes)):
-        raise ConfigError(f"{name} must be an integer or a sequence of {cp_size} integers, got {value!r}")
-    caps = [check_int(f"{name}[{r}]", q, minimum) for r, q in enumerate(value)]  # type: ignore[arg-type]
-    if len(caps) != cp_size:
-        raise ConfigError(f"{name} has {len(caps)} entries, cp_size={cp_size} needs {cp_size}")
-    return caps
 
 
 @dataclass(frozen=True)

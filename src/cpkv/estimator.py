@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import PlanError
-from .planner import BatchPlan, RequestPlan
+from .plan import BatchPlan, RequestPlan
 
 
 def mqa_logits_elements(plan: BatchPlan | RequestPlan) -> np.ndarray:

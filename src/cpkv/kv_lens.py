@@ -15,7 +15,7 @@ import numpy as np
 
 from .config import CPConfig
 from .errors import ConfigError, PlanError
-from .planner import _as_int_array
+from .validate import as_int, as_int_array
 
 _I64 = np.int64
 
@@ -87,14 +87,12 @@ def _check(page_ids, seq_len, extra: int, config) -> tuple[np.ndarray, int]:
     """``(pages int64 [m], seq_len)`` after the checks of ``rank_kv_lens`` (``seq_len + extra <= m * P``)."""
     if not isinstance(config, CPConfig):
         raise ConfigError(f"config must be a CPConfig, got {type(config).__name__}")
-    pages = _as_int_array("page_ids", page_ids, None)
+    pages = as_int_array("page_ids", page_ids)
     bad = np.flatnonzero(pages < 0)
     if bad.size:
         i = int(bad[0])
         raise PlanError(f"page_ids[{i}]={int(pages[i])} is negative; a request's pages are ids >= 0")
-    if isinstance(seq_len, bool) or not hasattr(seq_len, "__index__"):
-        raise PlanError(f"seq_len must be an integer, got {seq_len!r}")
-    L, P, m = int(seq_len), config.page_size, pages.shape[0]
+    L, P, m = as_int("seq_len", seq_len, PlanError), config.page_size, pages.shape[0]
     if L < 0:
         raise PlanError(f"seq_len={L} must be >= 0")
     if L + extra > m * P:

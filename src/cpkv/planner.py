@@ -10,14 +10,30 @@ planned on its own, with its own phase, before the results are flattened in requ
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
-from . import limits
-from .config import CPConfig, check_int
+from .config import LEGACY, CPConfig
 from .errors import PlanError, UnsupportedPagePlan
+from .plan import BatchPlan, RequestPlan
+from .policy import rotation_phase, zigzag_lane_pages
+from .runs import RAMP, TokenRuns, indptr
+from .validate import (
+    MAX_POSITION,
+    check_int,
+    check_len,
+    check_plan_size,
+    check_scalar,
+    first_bad,
+    lengths,
+    optional_lanes,
+    plan_bytes,
+)
+
+__all__ = [  # the plan types (plan.py), MAX_POSITION, plan_bytes (validate.py), zigzag_lane_pages (policy.py) too
+    "MAX_POSITION", "BatchPlan", "RequestPlan", "owner_lane_phase", "plan_arrays", "plan_batch", "plan_bytes",
+    "plan_request", "zigzag_lane_pages",
+]  # fmt: skip
 
 _I64 = np.int64
 
@@ -40,212 +56,9 @@ def owner_lane_phase(prefix_len: int, page_size: int, req_index: int, cp_size: i
     """
     page_size = check_int("page_size", page_size, 1)
     cp_size = check_int("cp_size", cp_size, 1)
-    prefix_len = _check_len("prefix_len", prefix_len)
-    req_index = _check_len("req_index", req_index)
-    return (prefix_len // page_size + req_index) % cp_size
-
-
-def _check_len(name: str, value: object) -> int:
-    """``value`` as an int in ``[0, MAX_POSITION]`` (a length or a batch index), else PlanError naming it."""
-    _check_scalar(name, value)
-    value = int(value)  # type: ignore[call-overload]
-    if value < 0:
-        raise PlanError(f"{name}={value} must be >= 0")
-    if value > MAX_POSITION:
-        raise PlanError(f"{name} must be <= {MAX_POSITION}, got {value}")
-    return value
-
-
-def _check_scalar(name: str, value: object, *, optional: bool = False) -> None:
-    """PlanError naming ``name`` unless ``value`` is an integer (Python, numpy or 0-d tensor; not a bool),
-    or None when ``optional``."""
-    if optional and value is None:
-        return
-    if _is_bool(value) or not hasattr(value, "__index__"):
-        raise PlanError(f"{name} must be an integer{' or None' * optional}, got {value!r}")
-
-
-def _is_bool(value: object) -> bool:
-    return isinstance(value, (bool, np.bool_)) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
-
-
-@dataclass(frozen=True, eq=False)
-class RequestPlan:
-    """Owner plan of one request (SPEC section 10). All arrays are read-only numpy int64.
-
-    Attributes:
-        prefix_len: tokens already cached (L0).
-        extend_len: new tokens computed in this forward (E).
-        req_index: position of the request in its batch.
-        phase: lane of zigzag segment 0 (C-PHASE, or the explicit ``phase=``).
-        head_owner: lane of the partly filled last prefix page when the request has head tokens, else None.
-        head_tokens: extend tokens that fill that page, ``h = min(E, P - L0 % P)`` or 0 (C-HEAD).
-        page_owners: ``[m]`` owner lane of each new page, in page order (C-ZIGZAG).
-        token_owner: ``[E]`` rank that computes (and owns) each extend token (C-OWNER-EQ-COMPUTE).
-        per_rank_tokens: ``[C]`` extend tokens computed by each rank; sums to E.
-        last_token_owner: rank holding the last extend token, -1 when E == 0.
-    """
-
-    prefix_len: int
-    extend_len: int
-    req_index: int
-    phase: int
-    head_owner: int | None
-    head_tokens: int
-    page_owners: np.ndarray
-    token_owner: np.ndarray
-    per_rank_tokens: np.ndarray
-    last_token_owner: int
-
-    def __repr__(self) -> str:
-        return (f"RequestPlan(prefix_len={self.prefix_len}, extend_len={self.extend_len}, req_index={self.req_index}, "
-                f"phase={self.phase}, head_owner={self.head_owner}, new_pages={self.num_new_pages}, "
-                f"per_rank_tokens={self.per_rank_tokens.tolist()})")  # fmt: skip
-
-    @property
-    def num_new_pages(self) -> int:
-        """New pages the request needs (m), in pages."""
-        return int(self.page_owners.shape[0])
-
-    def position_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Maximal runs of absolute positions computed by one rank: ``(owner, a, b)``, int64 ``[R]`` each,
-        run j covering positions ``[a_j, b_j)`` (prefix included in the numbering), as
-        ``BatchPlan.position_runs`` for a batch of this one request. O(E).
-
-        Example C=2, P=1, L0=0, E=5 (owners 0,0,1,1,0): owner [0, 1, 0], a [0, 2, 4], b [2, 4, 5].
-        """
-        starts = run_starts(self.token_owner)
-        ends = np.append(starts[1:], self.token_owner.shape[0])
-        return self.token_owner[starts], self.prefix_len + starts, self.prefix_len + ends
-
-
-def run_starts(values: np.ndarray) -> np.ndarray:
-    """``[R]`` int64 indices where a run of equal values starts in the 1-D ``values`` (empty -> empty).
-
-    Example [3, 3, 1, 1, 1, 3] -> [0, 2, 5].
-    """
-    if values.shape[0] == 0:
-        return np.zeros(0, dtype=_I64)
-    return np.flatnonzero(np.r_[True, values[1:] != values[:-1]]).astype(_I64, copy=False)
-
-
-@dataclass(frozen=True, eq=False)
-class BatchPlan:
-    """Owner plan of a batch, planned request by request and flattened in request order (C-BATCH).
-
-    Attributes:
-        config: the ``CPConfig`` the plan was made with.
-        prefix_lens, extend_lens: ``[B]`` int64, tokens.
-        head_owners: ``[B]`` int64 lane that computes each request's head tokens, -1 where it has none.
-        request_phases: ``[B]`` int64 phase of each request.
-        page_owners: ``[sum m]`` int64 owners of all new pages, request order.
-        page_indptr: ``[B + 1]`` int64, request i's pages are ``page_owners[page_indptr[i]:page_indptr[i+1]]``.
-        extend_indptr: ``[B + 1]`` int64 cumulative extend lengths (``cum_E``), tokens.
-        head_tokens: ``[B]`` int64 head tokens of each request (C-HEAD).
-        token_owner: ``[sum E]`` int64 computing rank of every extend token, flat order (built from
-            ``token_runs`` on first access, as ``gather_index``: a scheduler that only checks pages and
-            budgets never pays for the per-token arrays).
-        per_request_rank_tokens: ``[B, C]`` int64 extend tokens per request and rank.
-        per_rank_tokens: ``[C]`` int64 extend tokens per rank, summed over the batch.
-        last_token_owner: ``[B]`` int64 rank of each request's last token (-1 when E == 0).
-        max_rank_tokens: M = max(per_rank_tokens), rows of each rank's all-gather buffer.
-        gather_index: ``[sum E]`` int64; ``gathered[gather_index]`` is the flat order (C-GATHER).
-        req_indices: ``[B]`` int64 ``req_index`` of each request (0..B-1 for ``plan_batch``).
-        token_runs: the same tokens in run-length form (``TokenRuns``), for slot and index expansion.
-    """
-
-    config: CPConfig
-    prefix_lens: np.ndarray
-    extend_lens: np.ndarray
-    head_owners: np.ndarray
-    request_phases: np.ndarray
-    page_owners: np.ndarray
-    page_indptr: np.ndarray
-    extend_indptr: np.ndarray
-    head_tokens: np.ndarray
-    per_request_rank_tokens: np.ndarray
-    per_rank_tokens: np.ndarray
-    last_token_owner: np.ndarray
-    max_rank_tokens: int
-    req_indices: np.ndarray
-    token_runs: TokenRuns = field(repr=False)
-
-    def __repr__(self) -> str:
-        return (f"BatchPlan(cp_size={self.config.cp_size}, page_size={self.config.page_size}, "
-                f"owner_policy={self.config.owner_policy!r}, requests={self.num_requests}, tokens={self.num_tokens}, "
-                f"new_pages={self.page_owners.shape[0]}, per_rank_tokens={self.per_rank_tokens.tolist()})")  # fmt: skip
-
-    @property
-    def num_requests(self) -> int:
-        """B, requests in the batch."""
-        return int(self.extend_lens.shape[0])
-
-    @property
-    def num_tokens(self) -> int:
-        """Total extend tokens of the batch (sum E)."""
-        return int(self.extend_indptr[-1])
-
-    @cached_property
-    def token_owner(self) -> np.ndarray:
-        """``[sum E]`` int64 computing rank of every extend token, flat order (read-only; built on first access)."""
-        out = np.repeat(self.token_runs.owner, self.token_runs.length)
-        out.setflags(write=False)
-        return out
-
-    @cached_property
-    def gather_index(self) -> np.ndarray:
-        """``[sum E]`` int64; ``gathered[gather_index]`` is the flat order (C-GATHER; read-only, built on first
-        access)."""
-        out = _gather_index(self.token_runs, self.per_rank_tokens, self.max_rank_tokens)
-        out.setflags(write=False)
-        return out
-
-    @cached_property
-    def requests(self) -> tuple[RequestPlan, ...]:
-        """Per-request plans (views into the flat arrays), in batch order."""
-        return tuple(self._request(i) for i in range(self.num_requests))
-
-    def position_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Maximal runs of one request's absolute positions computed by one rank: ``(owner, a, b)``.
-
-        Each is int64 ``[R']``, read-only; the run covers positions ``[a, b)`` (prefix included in the
-        numbering). Built from ``token_runs`` (O(runs), not O(tokens)) on the first call, merging neighbours of
-        one request and owner; later calls return the same arrays (the estimate and the cost model both read them).
-        Example C=2, P=1, L0=0, E=5 (owners 0,0,1,1,0): owner [0, 1, 0], a [0, 2, 4], b [2, 4, 5].
-        """
-        return self._position_runs
-
-    @cached_property
-    def _position_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        runs = self.token_runs
-        R = runs.length.shape[0]
-        flat_start = np.add.accumulate(runs.length) - runs.length
-        a = (self.prefix_lens - self.extend_indptr[:-1])[runs.req] + flat_start  # [R] first position of each run
-        new = np.empty(R + 1, dtype=bool)  # new[j]: run j starts a merged run (empty runs were dropped)
-        new[0] = new[R] = True
-        np.not_equal(runs.req[1:], runs.req[:-1], out=new[1:R])
-        new[1:R] |= runs.owner[1:] != runs.owner[:-1]
-        first = new.nonzero()[0]  # [R' + 1]: each merged run's first run, then R
-        out = runs.owner[first[:-1]], a[first[:-1]], (a + runs.length)[first[1:] - 1]
-        for arr in out:
-            arr.setflags(write=False)
-        return out
-
-    def _request(self, i: int) -> RequestPlan:
-        head = int(self.head_owners[i])
-        t0, t1 = self.extend_indptr[i], self.extend_indptr[i + 1]
-        return RequestPlan(
-            prefix_len=int(self.prefix_lens[i]),
-            extend_len=int(self.extend_lens[i]),
-            req_index=int(self.req_indices[i]),
-            phase=int(self.request_phases[i]),
-            head_owner=None if head < 0 else head,
-            head_tokens=int(self.head_tokens[i]),
-            page_owners=self.page_owners[self.page_indptr[i] : self.page_indptr[i + 1]],
-            token_owner=self.token_owner[t0:t1],
-            per_rank_tokens=self.per_request_rank_tokens[i],
-            last_token_owner=int(self.last_token_owner[i]),
-        )
+    prefix_len = check_len("prefix_len", prefix_len)
+    req_index = check_len("req_index", req_index)
+    return rotation_phase(prefix_len, req_index, page_size, cp_size)
 
 
 def plan_request(
@@ -281,11 +94,11 @@ def plan_request(
             (message names the value).
         UnsupportedPagePlan: head tokens to compute but no head owner.
     """
-    req_index = _check_len("req_index", req_index)
-    _check_scalar("prefix_len", prefix_len)
-    _check_scalar("extend_len", extend_len)
-    _check_scalar("head_owner", head_owner, optional=True)
-    _check_scalar("phase", phase, optional=True)
+    req_index = check_len("req_index", req_index)
+    check_scalar("prefix_len", prefix_len)
+    check_scalar("extend_len", extend_len)
+    check_scalar("head_owner", head_owner, optional=True)
+    check_scalar("phase", phase, optional=True)
     phases = None if phase is None else [phase]
     plan = _plan(
         [prefix_len], [extend_len], config, head_owners=[head_owner], phases=phases, first_index=req_index
@@ -323,177 +136,44 @@ def plan_batch(
     return _plan(prefix_lens, extend_lens, config, head_owners=head_owners, phases=phases, first_index=0)
 
 
-def _as_int_array(name: str, values: object, n: int | None) -> np.ndarray:
-    """``values`` as a 1-D int64 numpy array of length ``n`` (when given), or PlanError.
-
-    Accepts a list or tuple of ints (bools are refused, though numpy would take them as 0 and 1), an
-    integer numpy array or a tensor on any device that holds data (a ``meta`` tensor holds none).
-    """
-    fast = _int64_fast(values)  # the common valid inputs, without the checks below (same result)
-    if fast is not None and (n is None or fast.shape[0] == n):
-        return fast
-    if hasattr(values, "detach"):  # torch tensor
-        values = _tensor_values(name, values)
-    elif isinstance(values, (list, tuple)) and any(_is_bool(v) for v in values):
-        i = next(i for i, v in enumerate(values) if _is_bool(v))
-        raise PlanError(f"{name}[{i}] is a bool ({bool(values[i])}), not an integer")
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise PlanError(f"{name} must be 1-D, got shape {arr.shape}")
-    if arr.size and arr.dtype == object:  # Python ints (of any size) or anything else, one by one
-        items = arr.tolist()
-        for i, v in enumerate(items):
-            if _is_bool(v) or not isinstance(v, (int, np.integer)):
-                raise PlanError(f"{name}[{i}] is {v!r} ({type(v).__name__}), not an integer")
-            if not _INT64_MIN <= int(v) <= _INT64_MAX:
-                raise PlanError(f"{name} holds {int(v)}, outside the int64 range")
-        arr = np.array([int(v) for v in items], dtype=_I64)
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise PlanError(f"{name} must hold integers, got dtype {arr.dtype}: {arr[:8].tolist()}")
-    if arr.size and arr.dtype == np.uint64 and int(arr.max()) > _INT64_MAX:
-        raise PlanError(f"{name} holds {int(arr.max())}, outside the int64 range")
-    if n is not None and arr.shape[0] != n:
-        raise PlanError(f"{name} has {arr.shape[0]} entries but prefix_lens has {n}")
-    return arr.astype(_I64, copy=False)
-
-
-def _int64_fast(values: object) -> np.ndarray | None:
-    """``values`` as ``_as_int_array`` returns them when they are a 1-D int64 numpy array (itself) or a list
-    or tuple of Python ints within int64 (a new array); None for anything else (then the full checks run)."""
-    if type(values) is np.ndarray:
-        return values if values.dtype == _I64 and values.ndim == 1 else None
-    if type(values) is list or type(values) is tuple:
-        if not all(type(v) is int for v in values):  # bools, numpy scalars, nesting: the full checks
-            return None
-        try:
-            return np.array(values, dtype=_I64)
-        except OverflowError:  # outside int64: the full checks name it
-            return None
-    return None
-
-
-def _tensor_values(name: str, tensor) -> np.ndarray:
-    """A tensor's values as numpy, or PlanError naming ``name`` (no data, or a dtype numpy lacks)."""
-    device = getattr(tensor, "device", None)
-    if getattr(device, "type", None) == "meta":
-        raise PlanError(f"{name} is a tensor on device meta, which holds no values; pass a CPU tensor, array or list")
-    try:
-        return tensor.detach().cpu().numpy()
-    except TypeError:  # e.g. bfloat16: numpy has no such dtype
-        raise PlanError(f"{name} must hold integers, got dtype {tensor.dtype}") from None
-    except (RuntimeError, NotImplementedError) as e:
-        raise PlanError(f"{name}: cannot read the tensor on device {device}: {e}") from None
-
-
-_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
-_INT16_MAX = int(np.iinfo(np.int16).max)
-MAX_POSITION = 2**53
-"""Largest ``prefix_len + extend_len`` (tokens) the planner accepts: positions, slots and the MQA-logits
-estimate stay exact in int64 (and in float64 for the cost model)."""
-
-
-def _optional_lanes(name: str, values: object, n: int, cp_size: int) -> np.ndarray:
-    """Head owners or phases as int64 ``[n]`` with -1 for None; PlanError when out of ``[0, C)``."""
-    if values is None:
-        return np.full(n, -1, dtype=_I64)
-    if not isinstance(values, np.ndarray) and not hasattr(values, "detach"):
-        values = [-1 if v is None else v for v in values]  # type: ignore[union-attr]
-    arr = _as_int_array(name, values, n)
-    if not arr.shape[0] or (arr.min() >= -1 and arr.max() < cp_size):
-        return arr
-    bad = np.flatnonzero((arr < -1) | (arr >= cp_size))
-    if bad.size:
-        i = int(bad[0])
-        lanes = f"[0, {cp_size}), or -1 (or None) for no head owner" if name == "head_owners" else f"[0, {cp_size})"
-        raise PlanError(f"request {i}: {name[:-1]}={int(arr[i])} out of range {lanes}")
-    return arr
-
-
-def _lengths(prefix_lens, extend_lens, first_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``(prefix_lens, extend_lens)`` as int64 ``[B]`` arrays; PlanError naming the request and value."""
-    L0 = _as_int_array("prefix_lens", prefix_lens, None)
-    E = _as_int_array("extend_lens", extend_lens, L0.shape[0])
-    # All valid (else the checks below find the first bad request): both >= 0, then their sum, exact as uint64
-    # (two int64 values >= 0 add up below 2**64), at most MAX_POSITION.
-    if not L0.shape[0] or ((L0 | E).min() >= 0 and (L0 + E).view(np.uint64).max() <= MAX_POSITION):
-        return L0, E
-    for name, arr in (("prefix_len", L0), ("extend_len", E)):
-        i = _first_bad(arr < 0)
-        if i is not None:
-            raise PlanError(f"request {i + first_index}: {name}={int(arr[i])} must be >= 0")
-    i = _first_bad((L0 > MAX_POSITION) | (E > MAX_POSITION) | (L0 + E > MAX_POSITION))
-    if i is not None:
-        raise PlanError(
-            f"request {i + first_index}: prefix_len + extend_len = {int(L0[i]) + int(E[i])} exceeds {MAX_POSITION} "
-            f"(prefix_len={int(L0[i])}, extend_len={int(E[i])})"
-        )
-    return L0, E
-
-
-def plan_bytes(prefix_lens: np.ndarray, extend_lens: np.ndarray, config: CPConfig) -> tuple[int, int, int]:
-    """``(tokens, new pages, bytes)`` of a batch's plan with its allocation, from the lengths alone.
-
-    Bytes: 8 per token for each of ``token_owner``, ``gather_index`` and ``out_cache_loc``, 8 per new page
-    for each of ``page_owners`` and ``new_pages``, and about 80 per request and segment (``B x (2C + 1)``
-    segment tables and token runs). ``prefix_lens``, ``extend_lens``: int64 ``[B]`` (checked lengths).
-    Example C=4, P=64, one request of 1000 tokens: 16 pages, 8 * (3000 + 32) + 80 * 9 = 24,976 bytes.
-    """
-    P, C = config.page_size, config.cp_size
-    pages = -(-(prefix_lens + extend_lens) // P) - -(-prefix_lens // P)  # [B], each <= 2**53
-    tokens, n_pages = _exact_sum(extend_lens), _exact_sum(pages)
-    return tokens, n_pages, 8 * (3 * tokens + 2 * n_pages) + 80 * extend_lens.shape[0] * (2 * C + 1)
-
-
-def check_plan_size(prefix_lens: np.ndarray, extend_lens: np.ndarray, config: CPConfig) -> None:
-    """PlanError naming the bytes when a plan of these lengths would exceed ``cpkv.limits.MAX_ARRAY_BYTES``
-    (checked before any array of the plan exists). Arguments as ``plan_bytes``. A bound from the longest
-    extend (every request at most ``E_max`` tokens and ``E_max // P + 2`` pages) settles most calls with
-    one reduction; only near or above the limit are the exact bytes computed."""
-    B, P, C = extend_lens.shape[0], config.page_size, config.cp_size
-    e = int(extend_lens.max()) if B else 0
-    if 8 * B * (3 * e + 2 * (e // P + 2)) + 80 * B * (2 * C + 1) <= limits.MAX_ARRAY_BYTES:
-        return
-    tokens, pages, nbytes = plan_bytes(prefix_lens, extend_lens, config)
-    limits.check_bytes(
-        f"a plan of {extend_lens.shape[0]:,} request(s), {tokens:,} tokens and {pages:,} new pages at cp_size="
-        f"{config.cp_size}", nbytes, PlanError, "split the batch or prefill in chunks",
-    )  # fmt: skip
-
-
-def _exact_sum(values: np.ndarray) -> int:
-    """Sum of non-negative int64 values as a Python int, without int64 overflow."""
-    total = float(values.sum(dtype=np.float64))
-    return int(values.sum()) if total < 2**62 else int(total)
-
-
-def _first_bad(mask: np.ndarray) -> int | None:
-    """Index of the first True of the bool ``mask``, None when there is none."""
-    return int(mask.argmax()) if np.count_nonzero(mask) else None
-
-
 def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index: int) -> BatchPlan:
     """The single planner behind ``plan_request`` and ``plan_batch`` (C-BS1-COMPATIBILITY)."""
     if not isinstance(config, CPConfig):
         raise PlanError(f"config must be a CPConfig, got {type(config).__name__}")
-    L0, E = _lengths(prefix_lens, extend_lens, first_index)
-    return _plan_checked(L0, E, config, head_owners=head_owners, phases=phases, first_index=first_index)
+    L0, E = lengths(prefix_lens, extend_lens, first_index)
+    return plan_arrays(L0, E, config, head_owners=head_owners, phases=phases, first_index=first_index)
 
 
-def _plan_checked(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners, phases, first_index: int = 0,
-                  lanes_valid: bool = False) -> BatchPlan:  # fmt: skip
-    """``_plan`` for lengths ``_lengths`` already returned (int64 ``[B]``, valid; not modified): the plan
-    size, head owners and phases are checked here (``lanes_valid``: they are int64 ``[B]`` arrays in
-    ``[-1, C)`` and ``[0, C)`` already, as the allocator derives them), then the plan is built."""
+def plan_arrays(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners, phases, first_index: int = 0,
+                lanes_valid: bool = False) -> BatchPlan:  # fmt: skip
+    """``plan_batch`` for a caller that has already checked the lengths (C-BATCH, C-HEAD, C-ZIGZAG).
+
+    Args:
+        L0, E: ``[B]`` int64 prefix and extend lengths as ``validate.lengths`` returns them (valid; copied,
+            never modified).
+        config: the ``CPConfig``.
+        head_owners, phases: as for ``plan_batch``; with ``lanes_valid`` they must already be int64 ``[B]``
+            arrays in ``[-1, C)`` and ``[0, C)`` (phases may be None), as the allocator derives them, and
+            are not checked again.
+        first_index: ``req_index`` of request 0 (``plan_request``'s).
+
+    Returns:
+        The ``BatchPlan``.
+
+    Raises:
+        PlanError: a plan above ``cpkv.limits.MAX_ARRAY_BYTES``; unchecked head owners or phases out of
+            range. UnsupportedPagePlan: head tokens without a head owner.
+    """
     C, P = config.cp_size, config.page_size
     check_plan_size(L0, E, config)
     L0, E = L0.copy(), E.copy()  # the plan's own arrays, never the caller's (they are made read-only below)
     B = L0.shape[0]
-    head = head_owners if lanes_valid else _optional_lanes("head_owners", head_owners, B, C)
+    head = head_owners if lanes_valid else optional_lanes("head_owners", head_owners, B, C)
     req_idx = np.arange(first_index, first_index + B, dtype=_I64)
 
     # C-HEAD: h = min(E, P - L0 % P) head tokens fill the partly filled last prefix page (0 when L0 % P == 0).
     h = np.minimum(E, -L0 % P)
-    i = _first_bad((h > 0) & (head < 0))
+    i = first_bad((h > 0) & (head < 0))
     if i is not None:
         raise UnsupportedPagePlan(
             f"request {i + first_index}: prefix_len={int(L0[i])} is not a multiple of page_size={P} and "
@@ -504,14 +184,14 @@ def _plan_checked(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owner
     if phases is not None and lanes_valid:
         phase = phases
     elif phases is not None:
-        phase = _optional_lanes("phases", phases, B, C)
-        i = _first_bad(phase < 0)
+        phase = optional_lanes("phases", phases, B, C)
+        i = first_bad(phase < 0)
         if i is not None:
             raise PlanError(f"request {i + first_index}: phase={int(phase[i])} out of range [0, {C})")
-    elif config.owner_policy == "legacy":
+    elif config.owner_policy == LEGACY:
         phase = np.zeros(B, dtype=_I64)
     else:
-        phase = (L0 // P + req_idx) % C
+        phase = rotation_phase(L0, req_idx, P, C)
 
     head = np.where(h > 0, head, -1)  # a head owner is recorded only where head tokens exist (C-HEAD)
     m, page_owners, runs, last_owner = _runs(E, h, head, phase, C, P)
@@ -519,42 +199,15 @@ def _plan_checked(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owner
     per_req = per_req.astype(_I64).reshape(B, C)
     per_rank = np.add.reduce(per_req, axis=0)
     max_rank = max(per_rank.tolist(), default=0)
-    page_indptr = _indptr(m)
+    page_indptr = indptr(m)
     arrays = dict(
         prefix_lens=L0, extend_lens=E, head_owners=head, request_phases=phase, page_owners=page_owners,
-        page_indptr=page_indptr, extend_indptr=_indptr(E), head_tokens=h, per_request_rank_tokens=per_req,
+        page_indptr=page_indptr, extend_indptr=indptr(E), head_tokens=h, per_request_rank_tokens=per_req,
         per_rank_tokens=per_rank, last_token_owner=last_owner, req_indices=req_idx,
     )  # fmt: skip
     for arr in arrays.values():
         arr.setflags(write=False)
     return BatchPlan(config=config, max_rank_tokens=max_rank, token_runs=runs, **arrays)
-
-
-def _indptr(counts: np.ndarray) -> np.ndarray:
-    out = np.zeros(counts.shape[0] + 1, dtype=_I64)
-    np.add.accumulate(counts, out=out[1:])  # np.cumsum costs a few us more per call
-    return out
-
-
-def zigzag_lane_pages(num_pages: int, phase: int, cp_size: int) -> np.ndarray:
-    """Pages per lane of a request with ``num_pages`` new pages and ``phase`` (C-ZIGZAG), int64 ``[C]``.
-
-    Zigzag rank z holds segments z and 2C-1-z, each ``m // 2C`` pages plus one for the first
-    ``m % 2C`` segments; lane ``(z + phase) % C``. Example m=16, C=4, phase 1 -> [4, 4, 4, 4];
-    m=3, C=4, phase 1 -> [0, 1, 1, 1]. O(C), used by the ``balanced`` policy (C-BALANCED).
-    """
-    return np.roll(zigzag_rank_pages(np.array([num_pages], dtype=_I64), cp_size)[0], phase)
-
-
-def zigzag_rank_pages(num_pages: np.ndarray, cp_size: int) -> np.ndarray:
-    """Pages of each zigzag rank for requests of ``num_pages`` new pages (int64 ``[k]``), int64 ``[k, C]``
-    (C-ZIGZAG): rank z holds segments z and 2C-1-z, so ``2 * (m // 2C) + [z < m % 2C] + [2C-1-z < m % 2C]``.
-    Under phase f rank z's pages are on lane ``(z + f) % C`` (``zigzag_lane_pages``). Example m=3, C=4:
-    [1, 1, 1, 0]."""
-    C = cp_size
-    base, rem = np.divmod(num_pages, 2 * C)
-    z = np.arange(C, dtype=_I64)
-    return 2 * base[:, None] + (z < rem[:, None]) + (2 * C - 1 - z < rem[:, None])
 
 
 def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, TokenRuns, np.ndarray]:
@@ -587,7 +240,7 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
     length = pages * P
     length[:, 0] = h
     last = np.minimum(m, S)  # [B] column of each request's last run, as a flat index:
-    last += _RAMP[: B * (S + 1) : S + 1] if B * (S + 1) <= _RAMP.shape[0] else np.arange(0, B * (S + 1), S + 1)
+    last += RAMP[: B * (S + 1) : S + 1] if B * (S + 1) <= RAMP.shape[0] else np.arange(0, B * (S + 1), S + 1)
     flat_len = length.ravel()
     flat_len[last] -= -t % P
     keep = (flat_len > 0).nonzero()[0]  # flat (request, run) index of every non-empty run
@@ -616,77 +269,3 @@ def _segment_tables(C: int) -> tuple[np.ndarray, np.ndarray]:
         for arr in got:
             arr.setflags(write=False)
     return got
-
-
-@dataclass(frozen=True)
-class TokenRuns:
-    """Run-length form of a batch's extend tokens, flat order: per request its head run, then one run per
-    zigzag segment, each run one owner; empty runs are left out (so ``R <= B * (2C + 1)``).
-
-    Attributes:
-        req: ``[R]`` int64 request of each run.
-        owner: ``[R]`` int64 owning (computing) rank.
-        length: ``[R]`` int64 tokens of each run (>= 1); a segment's last page holds only the tokens up to
-            ``prefix_len + extend_len``.
-        pages: ``[R]`` int64 new pages of each run: 0 for a head run, else the segment's pages (their
-            order is ``page_owners`` order).
-    """
-
-    req: np.ndarray
-    owner: np.ndarray
-    length: np.ndarray
-    pages: np.ndarray
-
-    def expand(self, run_start: np.ndarray) -> np.ndarray:
-        """``[sum length]`` int64: run j's tokens get ``run_start[j], run_start[j] + 1, ...``.
-
-        Example lengths [2, 1, 3], starts [10, 99, 50] -> [10, 11, 99, 50, 51, 52].
-        """
-        return expand_runs(run_start, self.length)
-
-
-def expand_runs(run_start: np.ndarray, length: np.ndarray, step: int = 1) -> np.ndarray:
-    """``[sum length]`` int64: run j gives ``run_start[j] + step * (0, 1, ..., length[j] - 1)`` (step +-1).
-
-    One repeat of the run offsets, then a ramp added in place: no loop over runs, no full-size temporary.
-    Example starts [10, 50], lengths [2, 3], step 1 -> [10, 11, 50, 51, 52]; step -1 -> [10, 9, 50, 49, 48].
-    """
-    flat_start = np.add.accumulate(length) - length  # [R] first output index of each run
-    out = np.repeat(run_start - flat_start if step > 0 else run_start + flat_start, length)
-    ramp = np.add if step > 0 else np.subtract
-    for i in range(0, out.shape[0], _RAMP.shape[0]):  # cache-sized blocks: out[t] += step * t
-        block = out[i : i + _RAMP.shape[0]]
-        ramp(block, _RAMP[: block.shape[0]], out=block)
-        if i:
-            block += step * i
-    return out
-
-
-_RAMP = np.arange(1 << 16, dtype=_I64)  # 512 KiB, fits in L2
-_RAMP.setflags(write=False)
-
-
-def _gather_index(runs: TokenRuns, per_rank: np.ndarray, M: int) -> np.ndarray:
-    """C-GATHER index: ``token_owner[t] * M + (rank of t among its owner's tokens, ascending flat order)``.
-
-    Worked at run granularity: run j with owner r starts at flat token f_j and at local row l_j (tokens of
-    earlier runs owned by r), so its tokens map to ``r*M + l_j + (t - f_j)``.
-    Example C=2, token_owner [0,0,1,1,0]: M=3, gather_index [0,1,3,4,2].
-    """
-    return runs.expand(runs.owner * M + offsets_within_key(runs.owner, runs.length, per_rank))
-
-
-def offsets_within_key(key: np.ndarray, length: np.ndarray, key_totals: np.ndarray) -> np.ndarray:
-    """``[R]`` int64: for each run j, the total ``length`` of the earlier runs with the same ``key``.
-
-    ``key`` int64 ``[R]`` in ``[0, K)``, ``length`` int64 ``[R]``, ``key_totals`` = ``bincount(key,
-    length)``, int64 ``[K]``. One stable sort by key (a radix sort for small keys), O(R).
-    Example key [1, 0, 1, 1], length [2, 5, 3, 1] -> [0, 0, 2, 5].
-    """
-    sort_key = key.astype(np.int16) if key_totals.shape[0] <= _INT16_MAX else key
-    order = np.argsort(sort_key, kind="stable")
-    sorted_len = length[order]
-    key_start = np.add.accumulate(key_totals) - key_totals
-    out = np.empty_like(length)
-    out[order] = np.add.accumulate(sorted_len) - sorted_len - key_start[key[order]]
-    return out

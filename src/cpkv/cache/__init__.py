@@ -1,5 +1,6 @@
 """The prefix cache (SPEC section 8: C-RELOAD, C-LOCK): a radix tree of page runs (``radix``), the cache
-with owners, lane-aware eviction and load-back (``prefix_cache``), the host tier (``host_tier``) and the
+with owners (``prefix_cache``), its counts and stamps (``book``), lane-aware eviction (``eviction``, in
+``lru`` order), load-back on the recorded lanes (``loadback``), the host tier (``host_tier``) and the
 write-back of evicted pages (``writeback``)."""
 
 from .host_tier import HostTier

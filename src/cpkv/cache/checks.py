@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..allocator import OwnerLaneAllocator
-from ..config import check_lane as config_check_lane
-from ..errors import PlanError, PrefixCacheError
-from ..planner import _as_int_array
+from ..errors import PrefixCacheError
+from ..validate import as_int_array
+from ..validate import check_lane as validate_check_lane
 
 _I64 = np.int64
 
@@ -17,15 +17,12 @@ def int_array(name: str, values) -> np.ndarray:
     """``values`` (list, numpy or CPU tensor) as a contiguous 1-D int64 array, or PrefixCacheError."""
     if type(values) is np.ndarray and values.dtype == _I64 and values.ndim == 1:
         return np.ascontiguousarray(values)
-    try:
-        return np.ascontiguousarray(_as_int_array(name, values, None), dtype=_I64)
-    except PlanError as e:
-        raise PrefixCacheError(str(e)) from None
+    return np.ascontiguousarray(as_int_array(name, values, error=PrefixCacheError), dtype=_I64)
 
 
 def check_lane(lane, cp_size: int) -> int:
     """``lane`` as an int in ``[0, cp_size)``, or PrefixCacheError."""
-    return config_check_lane("lane", lane, cp_size, PrefixCacheError)
+    return validate_check_lane("lane", lane, cp_size, PrefixCacheError)
 
 
 class PageChecker:

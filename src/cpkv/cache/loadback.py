@@ -4,7 +4,8 @@
 shortfall, allocates the pages that fit (``alloc_pages`` on the recorded lanes, in position order: a
 replay, never a new phase), cuts the prefix at the first page that does not fit (counting
 ``load_back_owner_lane_capacity_failed``; the request recomputes the rest, it never waits), restores the
-copies with ``restore_fn`` and stamps the whole path. Operates on the ``PrefixCache`` it is given.
+copies with ``restore_fn`` and stamps the whole path. Operates on the ``PrefixCache`` it is given,
+through its public attributes and its ``CacheBook`` (``book.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PrefixCacheError
-from ..planner import offsets_within_key
+from ..runs import offsets_within_key
 from .results import HKEY, LANE, PrefixMatch
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -21,7 +22,8 @@ _EMPTY.setflags(write=False)
 
 def load_back(cache, match: PrefixMatch) -> PrefixMatch:
     """``PrefixCache.load_back`` (see there)."""
-    if not isinstance(match, PrefixMatch) or match._epoch != cache._epoch:
+    book = cache.book
+    if not isinstance(match, PrefixMatch) or match._epoch != book.epoch:
         raise PrefixCacheError("match is stale (the cache changed since match_prefix); match again")
     if match._host_end is None:
         return match
@@ -49,29 +51,24 @@ def load_back(cache, match: PrefixMatch) -> PrefixMatch:
     finally:
         _pin(cache, end, -1)
     if j < lanes.shape[0]:
-        cache._n["load_back_owner_lane_capacity_failed"] += 1
-        cache._n["load_back_failed_pages"] += int(lanes.shape[0]) - j
-    cache._epoch += 1
+        book.count("load_back_owner_lane_capacity_failed")
+        book.count("load_back_failed_pages", int(lanes.shape[0]) - j)
+    book.changed()
     if last is None:
-        node, handle = cache._touch_to(*cache.tree.resolve(match.handle)), match.handle
+        node, handle = book.touch_to(*cache.tree.resolve(match.handle)), match.handle
     else:
         node, handle = last, cache.tree.handle(last, first + j, last.gen)
-    cache._touch(cache.tree.path(node))  # the whole path, so ancestors stay newer than descendants
+    book.touch(cache.tree.path(node))  # the whole path, so ancestors stay newer than descendants
     return PrefixMatch(np.concatenate([match.device_pages, pages]), _EMPTY, cache.page_size, handle, None,
-                       cache._epoch)  # fmt: skip
+                       book.epoch)  # fmt: skip
 
 
 def _pin(cache, node, delta: int) -> None:
     """A lock without a handle on the path to ``node`` (load-back pins what it works on)."""
     crossed = cache.tree.adjust(node, delta)
     if delta < 0 and crossed:
-        cache._stamp(crossed)
-    for n in crossed:
-        if n.dev:
-            if delta > 0:
-                cache._evictable -= cache.lru.counts(n)
-            else:
-                cache._evictable += cache.lru.counts(n)
+        cache.book.stamp(crossed)
+    cache.book.lock_changed(crossed, -delta)
 
 
 def _fill(cache, nodes: list, pages: np.ndarray):
@@ -95,17 +92,17 @@ def _fill(cache, nodes: list, pages: np.ndarray):
                     except BaseException:
                         if i:
                             part = cache.tree.split(n, i)
-                            cache._set_device(part, seg[:i])
-                            cache._n["load_backs"] += i
+                            cache.book.set_device(part, seg[:i])
+                            cache.book.count("load_backs", i)
                             done += i
                         raise
-            cache._set_device(n, seg)
-            cache._n["load_backs"] += take
+            cache.book.set_device(n, seg)
+            cache.book.count("load_backs", take)
             done += take
             last = n
     except BaseException:
         cache.allocator.free(pages[done:])  # a failing restore_fn leaks nothing
-        cache._epoch += 1
+        cache.book.changed()
         raise
     return last
 

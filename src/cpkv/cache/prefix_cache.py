@@ -31,10 +31,11 @@ Engine flow for one request (``t`` its token ids, ``row`` its ``req_to_token`` s
 
 Locks (C-LOCK) are counted per handle; a handle names a prefix as it stood on device and goes stale once
 its pages leave. Eviction takes the least recently used page of the lane with its device subtree, per
-run one numpy cut and one allocator ``free`` per call; with a host tier pages are written back
-ancestors first (``writeback.py``). Both are explained in ``docs/prefix-cache.md``. Every decision is
-deterministic, so the ranks of a group that replay the same calls keep identical trees; ``backup_fn`` and
-``restore_fn`` of rank r move only lane r's pages.
+run one numpy cut and one allocator ``free`` per call (``eviction.py``); with a host tier pages are
+written back ancestors first (``writeback.py``). Both are explained in ``docs/prefix-cache.md``. Counts,
+stamps and host-copy locations live in one ``CacheBook`` (``book.py``), the interface through which the
+helper modules change them. Every decision is deterministic, so the ranks of a group that replay the
+same calls keep identical trees; ``backup_fn`` and ``restore_fn`` of rank r move only lane r's pages.
 """
 
 from __future__ import annotations
@@ -45,20 +46,16 @@ import numpy as np
 
 from ..allocator import OwnerLaneAllocator
 from ..errors import PrefixCacheError
+from .book import CacheBook, concat
 from .checks import PageChecker, check_lane, int_array
+from .eviction import evict
 from .host_tier import HostTier
 from .loadback import load_back
 from .lru import LaneLRU
 from .radix import RadixNode, RadixTree
 from .results import HKEY, LANE, PAGE, CacheEntry, InsertResult, PrefixMatch
-from .writeback import write_back
 
 _I64 = np.int64
-_EMPTY = np.zeros(0, dtype=_I64)
-_EMPTY.setflags(write=False)
-_COUNTERS = ("hits", "misses", "matched_tokens", "host_matched_tokens", "inserted_pages", "duplicate_pages",
-             "backups", "host_evictions", "host_dropped", "load_backs", "load_back_owner_lane_capacity_failed",
-             "load_back_failed_pages")  # fmt: skip
 
 __all__ = ["CacheEntry", "InsertResult", "PrefixCache", "PrefixMatch"]
 
@@ -109,21 +106,12 @@ class PrefixCache:
         self.cp_size = C = allocator.config.cp_size
         self.page_size = allocator.config.page_size
         self.host = HostTier(C, host_pages_per_lane)
-        self._write_back = bool(self.host.capacity.any())
         self.backup_fn = backup_fn
         self.restore_fn = restore_fn
         self.tree = RadixTree(self.page_size, 3, CacheNode, self._on_split)
         self._root_handle = self.tree.handle(self.tree.root, 0, 0)
         self.lru = LaneLRU(C)  # eviction order of the unlocked device runs
-        self._in_tree = np.zeros(allocator.num_pages, dtype=bool)  # [num_pages] page held by a device run
-        self._cached = np.zeros(C, dtype=_I64)  # [C] device pages in the tree
-        self._evictable = np.zeros(C, dtype=_I64)  # [C] unlocked device pages
-        self._evicted = np.zeros(C, dtype=_I64)
-        self._own_lane = [0] * C  # of _evicted, those evicted by a call on their own lane
-        self._host_loc: dict[int, CacheNode] = {}  # host key -> run holding the copy
-        self._next_key = 0
-        self._epoch = 0  # bumped by every change of pages; a match is valid for one epoch
-        self._n = dict.fromkeys(_COUNTERS, 0)
+        self.book = CacheBook(self.tree, self.lru, self.host, allocator.num_pages, C)  # counts, stamps, copies
         self._check = PageChecker(allocator)
 
     # ----------------------------------------------------------------------------------------- queries
@@ -150,28 +138,29 @@ class PrefixCache:
         dev = [(n, m) for n, m in path if n.dev]
         host = path[len(dev) :]
         depth = sum(m for _, m in dev)
+        book = self.book
         match = PrefixMatch(
-            device_pages=_concat([n.vals[:m, PAGE] for n, m in dev]),
-            host_lanes=_concat([n.vals[:m, LANE] for n, m in host]),
+            device_pages=concat([n.vals[:m, PAGE] for n, m in dev]),
+            host_lanes=concat([n.vals[:m, LANE] for n, m in host]),
             page_size=self.page_size,
             handle=self.tree.handle(dev[-1][0], depth, dev[-1][0].gen) if dev else self._root_handle,
             _host_end=self.tree.handle(host[-1][0], depth + sum(m for _, m in host), 0) if host else None,
-            _epoch=self._epoch,
+            _epoch=book.epoch,
         )
         if record:
-            self._n["hits" if path else "misses"] += 1
-            self._n["matched_tokens"] += match.prefix_len
-            self._n["host_matched_tokens"] += match.host_len
-            self._touch([n for n, _ in path])
+            book.count("hits" if path else "misses")
+            book.count("matched_tokens", match.prefix_len)
+            book.count("host_matched_tokens", match.host_len)
+            book.touch([n for n, _ in path])
         return match
 
     def cached_pages_per_lane(self) -> np.ndarray:
         """Device pages held by the tree (locked or not), per lane, int64 ``[C]``."""
-        return self._cached.copy()
+        return self.book.cached.copy()
 
     def evictable_pages_per_lane(self) -> np.ndarray:
         """Unlocked device pages of the tree per lane, int64 ``[C]`` (what ``evict`` can free at most)."""
-        return self._evictable.copy()
+        return self.book.evictable.copy()
 
     def host_copies_per_lane(self) -> np.ndarray:
         """Host copies held per lane, int64 ``[C]`` (bounded by ``host_pages_per_lane``)."""
@@ -180,7 +169,7 @@ class PrefixCache:
     @property
     def total_cached_pages(self) -> int:
         """Device pages held by the tree over all lanes, in pages."""
-        return int(self._cached.sum())
+        return int(self.book.cached.sum())
 
     def counters(self) -> dict:
         """Counters (a fresh dict): ``hits``/``misses`` (match calls with / without a matched page),
@@ -195,9 +184,10 @@ class PrefixCache:
         They add up: ``cached = inserted_pages + load_backs - sum(evicted_pages)`` and
         ``host copies = backups - host_evictions - host_dropped``.
         """
-        out: dict = dict(self._n)
-        out["evicted_pages"] = self._evicted.tolist()
-        out["evicted_collateral_pages"] = [e - own for e, own in zip(out["evicted_pages"], self._own_lane, strict=True)]
+        out: dict = dict(self.book.n)
+        out["evicted_pages"] = self.book.evicted.tolist()
+        out["evicted_collateral_pages"] = [e - own for e, own in zip(out["evicted_pages"], self.book.own_lane,
+                                                                     strict=True)]  # fmt: skip
         return out
 
     def entries(self) -> Iterator[CacheEntry]:
@@ -219,9 +209,7 @@ class PrefixCache:
         """
         node, depth = self._resolve(handle)
         node, locked = self.tree.lock(node, depth)
-        for n in locked:
-            if n.dev:  # type: ignore[attr-defined]
-                self._evictable -= self.lru.counts(n)
+        self.book.lock_changed(locked, -1)
 
     def unlock(self, handle) -> None:
         """Undo one ``lock`` taken through this handle (C-LOCK); pages whose last lock goes become
@@ -234,10 +222,8 @@ class PrefixCache:
         node, depth = self._resolve(handle)
         freed = self.tree.unlock(node, depth)
         if freed:
-            self._stamp(freed)
-            for n in freed:
-                if n.dev:  # type: ignore[attr-defined]
-                    self._evictable += self.lru.counts(n)
+            self.book.stamp(freed)
+            self.book.lock_changed(freed, 1)
 
     # ---------------------------------------------------------------------------------------- updates
     def insert(self, token_ids, slots) -> InsertResult:
@@ -268,8 +254,9 @@ class PrefixCache:
         pages = self._check.whole_pages(slots[: k * P])
         path = self.tree.walk(tokens, k)
         matched = sum(m for _, m in path)
-        held = self._in_tree[pages]  # [k]
-        same = _concat([n.vals[:m, PAGE] for n, m in path]) == pages[:matched]  # [matched] the tree's own page
+        book = self.book
+        held = book.in_tree[pages]  # [k]
+        same = concat([n.vals[:m, PAGE] for n, m in path]) == pages[:matched]  # [matched] the tree's own page
         num_same = np.count_nonzero(same)
         if np.count_nonzero(held) != num_same:  # same implies held: a held page elsewhere; nothing changed yet
             held[:matched] &= ~same
@@ -293,19 +280,19 @@ class PrefixCache:
             vals[:, LANE] = vals[:, PAGE] % self.cp_size
             vals[:, HKEY] = -1
             leaf = self.tree.add_leaf(nodes[-1] if nodes else self.tree.root, tokens[matched * P : k * P], vals)
-            self._set_device(leaf, leaf.vals[:, PAGE])
+            book.set_device(leaf, leaf.vals[:, PAGE])
             nodes.append(leaf)
             new += k - matched
-        dup_pages = _concat(dup)
+        dup_pages = concat(dup)
         if dup_pages.shape[0]:
             self.allocator.free(dup_pages)
-        self._n["inserted_pages"] += new
-        self._n["duplicate_pages"] += dup_pages.shape[0]
-        self._epoch += 1
-        self._touch(nodes)
+        book.count("inserted_pages", new)
+        book.count("duplicate_pages", dup_pages.shape[0])
+        book.changed()
+        book.touch(nodes)
         handle = self.tree.handle(nodes[-1], k, nodes[-1].gen) if nodes else self._root_handle
         # Without duplicates every page of the result is the caller's (kept, refilled or new): ``pages``.
-        result = pages if num_same == on_device else _concat([n.vals[:, PAGE] for n in nodes])
+        result = pages if num_same == on_device else concat([n.vals[:, PAGE] for n in nodes])
         return InsertResult(result, dup_pages, new, P, handle)
 
     def evict(self, lane: int, num_pages: int) -> int:
@@ -329,56 +316,7 @@ class PrefixCache:
             if isinstance(num_pages, bool) or not hasattr(num_pages, "__index__") or int(num_pages) < 0:
                 raise PrefixCacheError(f"num_pages={num_pages!r} must be an integer >= 0")
             num_pages = int(num_pages)
-        lru, tree = self.lru, self.tree
-        steps: list[list[CacheNode]] = []
-        freed = 0
-        while freed < num_pages:
-            node = lru.pop(lane)
-            if node is None:
-                break
-            if node.children:  # its device subtree goes too; 0 pages of the lane while ancestors are the newer
-                below = tree.preorder(node, _on_device)[1:]
-                got = sum(int(lru.counts(n)[lane]) for n in below)
-            else:
-                below, got = [], 0
-            need = num_pages - freed - got
-            if need > 0:  # cut the run at the need-th page of the lane from the bottom (or its first)
-                idx = (node.vals[:, LANE] == lane).nonzero()[0]
-                k = min(need, idx.shape[0])
-                at = int(idx[idx.shape[0] - k])
-                if at:
-                    tree.split(node, at, not self._write_back)
-                got += k
-                below.insert(0, node)
-            else:  # the subtree alone is enough: the run stays
-                lru.requeue(node)
-            for n in below:
-                n.dev, n.in_batch = False, True
-                n.gen += 1
-            freed += got
-            steps.append(below)
-        if steps:
-            order = [n for step in reversed(steps) for n in step]  # ancestors first
-            pages = _concat([n.vals[:, PAGE] for n in order])
-            taken = np.bincount(pages % self.cp_size, minlength=self.cp_size)  # [C] pages leaving the device
-            self._account(pages, taken, lane, 1)
-            if self._write_back:
-                try:
-                    write_back(self, order)
-                except BaseException:
-                    self._account(pages, taken, lane, -1)
-                    for n in order:
-                        n.dev, n.in_batch = True, False
-                        n.gen -= 1
-                        self.lru.requeue(n)
-                    raise
-            else:
-                for n in order:
-                    if n.attached:
-                        self.tree.detach(n)
-            self.allocator.free(pages)
-            self._epoch += 1
-        return freed
+        return evict(self, lane, num_pages)
 
     def load_back(self, match: PrefixMatch) -> PrefixMatch:
         """Bring the host-only part of ``match`` back to device on its recorded owner lanes (C-RELOAD).
@@ -413,79 +351,27 @@ class PrefixCache:
         """The tree split a run: the new upper part takes its state; host keys in it now point to it."""
         upper.dev, upper.gen, upper.in_batch = lower.dev, lower.gen, lower.in_batch
         self.lru.forget(lower)
-        if self._host_loc:
+        host_loc = self.book.host_loc
+        if host_loc:
             keys = upper.vals[:, HKEY]
             for key in keys[keys >= 0].tolist():
-                self._host_loc[key] = upper
+                host_loc[key] = upper
         self.lru.queue([upper])
-
-    # LRU stamps --------------------------------------------------------------------------------------
-    def _stamp(self, nodes: list) -> None:
-        s = self.tree.tick()
-        for n in nodes:
-            n.stamp = s
-        self.lru.queue(nodes)
-
-    def _touch(self, nodes: list) -> None:
-        """Most recently used: the nodes (one stamp) and their host copies, deepest first."""
-        self._stamp(nodes)
-        if self._host_loc:
-            for n in reversed(nodes):
-                keys, lanes = n.vals[:, HKEY], n.vals[:, LANE]
-                for i in np.flatnonzero(keys >= 0)[::-1].tolist():
-                    self.host.touch(int(keys[i]), int(lanes[i]))
-
-    def _touch_to(self, node: CacheNode, depth: int) -> CacheNode:
-        """The run that ends at ``depth`` (``node`` holds page ``depth - 1``; split there if needed)."""
-        return self.tree.split(node, depth - node.start) if depth < node.end else node
-
-    # page accounting ----------------------------------------------------------------------------------
-    def _account(self, pages: np.ndarray, taken: np.ndarray, lane: int, sign: int) -> None:
-        """The page counts of one ``evict`` call (``sign`` -1 undoes them): ``pages`` leave the device,
-        ``taken`` int64 ``[C]`` of them per lane, all unlocked; those not of ``lane`` are collateral."""
-        self._in_tree[pages] = sign < 0
-        if sign < 0:
-            taken = -taken
-        self._cached -= taken
-        self._evictable -= taken
-        self._evicted += taken
-        self._own_lane[lane] += int(taken[lane])
-
-    def _set_device(self, n: CacheNode, pages: np.ndarray) -> None:
-        """Put device pages under run ``n`` (a new run, a refilled or a loaded-back one)."""
-        n.vals[:, PAGE] = pages
-        n.dev = True
-        self._in_tree[pages] = True
-        c = self.lru.counts(n)
-        self._cached += c
-        if n.lock_ref == 0:
-            self._evictable += c
 
     def _refill(self, n: CacheNode, pages: np.ndarray) -> None:
         """A host-only run takes the caller's pages; a copy whose lane differs from the page's is dropped."""
         lanes = pages % self.cp_size
         keys = n.vals[:, HKEY]
+        book = self.book
         for i in np.flatnonzero((keys >= 0) & (lanes != n.vals[:, LANE])).tolist():
             self.host.pop(int(keys[i]), int(n.vals[i, LANE]))
-            del self._host_loc[int(keys[i])]
+            del book.host_loc[int(keys[i])]
             keys[i] = -1
-            self._n["host_dropped"] += 1
+            book.count("host_dropped")
         n.vals[:, LANE] = lanes
         self.lru.forget(n)
-        self._set_device(n, pages)
+        book.set_device(n, pages)
 
     def new_host_key(self) -> int:
         """A fresh host-copy id (0, 1, 2, ... in write order: equal on every rank that replays the calls)."""
-        self._next_key += 1
-        return self._next_key - 1
-
-
-def _on_device(n) -> bool:
-    return n.dev
-
-
-def _concat(parts: list) -> np.ndarray:
-    """One int64 array of the parts (a copy, never a view of the tree); empty for no parts."""
-    if len(parts) == 1:
-        return parts[0].astype(_I64)  # a contiguous copy
-    return np.concatenate(parts).astype(_I64, copy=False) if parts else _EMPTY
+        return self.book.new_host_key()

@@ -36,26 +36,26 @@ def write_back(cache, order: list) -> None:
     for n in order:  # from here on nothing raises
         n.vals[:, PAGE] = -1
         n.in_batch = False
-    counters = cache._n
+    book = cache.book
     for kind, n, i in actions:  # in the order decided: room freed by a drop is used by later copies
         if kind == "write":
-            key = cache.new_host_key()
+            key = book.new_host_key()
             cache.host.put(key, int(n.vals[i, LANE]), next(payloads))
             n.vals[i, HKEY] = key
-            cache._host_loc[key] = n
-            counters["backups"] += 1
+            book.host_loc[key] = n
+            book.count("backups")
         elif kind == "cut":
-            counters["host_dropped"] += _drop_from(cache, n, i)
+            book.count("host_dropped", _drop_from(cache, n, i))
         else:  # a victim: i is its key
-            node = cache._host_loc[i]
+            node = book.host_loc[i]
             j = int(np.flatnonzero(node.vals[:, HKEY] == i)[0])
-            counters["host_evictions"] += 1
+            book.count("host_evictions")
             if node.dev:
                 cache.host.pop(i, int(node.vals[j, LANE]))
-                del cache._host_loc[i]
+                del book.host_loc[i]
                 node.vals[j, HKEY] = -1
             else:
-                counters["host_dropped"] += _drop_from(cache, node, j) - 1
+                book.count("host_dropped", _drop_from(cache, node, j) - 1)
 
 
 def _decide(cache, order: list) -> tuple[list, list]:
@@ -95,7 +95,7 @@ def _victim(cache, lane: int, lru: dict, gone: set, count: np.ndarray):
     if keys is None:
         keys = lru[lane] = iter(cache.host.lru_keys(lane))
     for key in keys:
-        node = cache._host_loc[key]
+        node = cache.book.host_loc[key]
         if key in gone or node.in_batch or (not node.dev and node.lock_ref > 0):
             continue
         if node.dev:
@@ -127,6 +127,6 @@ def _drop_from(cache, node, j: int) -> int:
         rows = n.vals[n.vals[:, HKEY] >= 0]
         for key, lane in rows[:, [HKEY, LANE]].tolist():
             cache.host.pop(key, lane)
-            del cache._host_loc[key]
+            del cache.book.host_loc[key]
             dropped += 1
     return dropped

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import click
 
-from ..cli import parse_pages_per_lane
+from ..cli.options import parse_pages_per_lane
 from ..config import OWNER_POLICIES, CPConfig, check_int, per_lane_ints
 from ..errors import ConfigError, LaneExhausted
 from .case import DistCase

@@ -24,18 +24,15 @@ from ..config import CPConfig, check_int
 from ..errors import AllocatorError, LaneExhausted
 from ..layout import SharedKVLayout
 from ..planner import BatchPlan
+from ..validate import as_int_array
 
 _I64 = np.int64
 
 
 def _host(name: str, values) -> np.ndarray:
-    """``values`` (tensor on any device: one device-to-host copy; or a sequence) as int64 numpy ``[n]``."""
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu()
-    arr = np.asarray(values).reshape(-1)
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise AllocatorError(f"{name} must hold integers, got dtype {arr.dtype}")
-    return arr.astype(_I64, copy=False)
+    """``values`` (a tensor on any device: one device-to-host copy; or a sequence) as int64 numpy ``[n]``,
+    read flat (SGLang hands over ``[B]`` and ``[B, 1]`` tensors); AllocatorError naming ``name`` otherwise."""
+    return as_int_array(name, values, error=AllocatorError, flatten=True)
 
 
 class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..errors import KernelError
-from ..planner import BatchPlan
+from ..plan import BatchPlan
 from .backend import kernel_backend, kernel_module
 from .tensors import bits_view, cdiv, check_out, into, new_out, on_device, require_tensor
 

@@ -1,6 +1,6 @@
 """Slot kernels on device tensors: ``out_cache_loc`` of a batch, and the C-LAYOUT translations.
 
-Each function gives exactly the integers of the numpy reference (``OwnerLaneAllocator``'s
+Each function gives exactly the integers of the numpy reference (``slots.extend_slots`` for
 ``out_cache_loc``, ``SharedKVLayout``) and takes the path ``kernel_backend`` picks for its device:
 compiled Triton on CUDA, Triton's interpreter on the CPU under ``TRITON_INTERPRET=1``, else the reference.
 """
@@ -12,7 +12,9 @@ import torch
 
 from ..errors import KernelError
 from ..layout import SharedKVLayout
-from ..planner import BatchPlan
+from ..plan import BatchPlan
+from ..slots import extend_slots
+from ..validate import as_int_array
 from .backend import kernel_backend, kernel_module
 from .tensors import cdiv, check_out, into, new_out, on_device, require_tensor
 
@@ -50,8 +52,8 @@ def fill_out_cache_loc(
     """
     if not isinstance(plan, BatchPlan):
         raise KernelError(f"plan must be a BatchPlan, got {type(plan).__name__}")
-    last = _int_array("last_locs", last_locs, plan.num_requests)
-    pages = _int_array("new_pages", new_pages, plan.page_owners.shape[0])
+    last = as_int_array("last_locs", last_locs, plan.num_requests, error=KernelError, count_of="the plan")
+    pages = as_int_array("new_pages", new_pages, plan.page_owners.shape[0], error=KernelError, count_of="the plan")
     dev = torch.device(device if device is not None else out.device if isinstance(out, torch.Tensor) else "cpu")
     out = check_out(out, (plan.num_tokens,), torch.int64, dev)
     runs = plan.token_runs
@@ -62,9 +64,7 @@ def fill_out_cache_loc(
         raise KernelError(f"request {i}: computes head tokens but last_loc={int(last[i])} (needs a slot >= 0)")
     backend = kernel_backend(dev)
     if backend == "torch" or plan.num_tokens == 0:
-        from ..allocator import _extend_slots  # the numpy reference (lazy: the allocator imports this module)
-
-        return into(out, torch.from_numpy(_extend_slots(plan, last, pages)).to(dev))
+        return into(out, torch.from_numpy(extend_slots(plan, last, pages)).to(dev))
     result = new_out(out, (plan.num_tokens,), torch.int64, dev)
     return launch_fill(backend, torch.from_numpy(fill_table(plan, last, pages)).to(dev), result, plan)
 
@@ -178,14 +178,3 @@ def _translate(layout: SharedKVLayout, kind: str, slots, rank: int | None, out, 
             C=layout.cp_size, P=layout.page_size, KIND=_KIND[kind], BLOCK=_BLOCK,
         )  # fmt: skip
     return result
-
-
-def _int_array(name: str, values, n: int) -> np.ndarray:
-    """``values`` (list, numpy or CPU tensor) as int64 numpy ``[n]``; KernelError naming ``name`` otherwise."""
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
-    arr = np.asarray(values)
-    if arr.ndim != 1 or arr.shape[0] != n or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise KernelError(f"{name} must be {n} integers, got {arr.dtype} of shape {list(arr.shape)}")
-    return arr.astype(np.int64, copy=False)
-

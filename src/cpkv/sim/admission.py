@@ -1,4 +1,4 @@
-"""Chunk sizing and admission for one prefill step: the real per-lane footprint, the logits budget (issue 11).
+"""Chunk sizing and admission for one prefill step: the real per-lane footprint, the logits budget.
 
 A step's batch is built one request at a time, oldest first. Each request gets the longest next chunk
 that satisfies three limits at once:
@@ -30,6 +30,7 @@ from ..cache import PrefixCache
 from ..config import CPConfig
 from ..estimator import mqa_logits_elements
 from ..planner import BatchPlan
+from ..policy import follows_free_pages
 from .config import SimConfig
 
 _I64 = np.int64
@@ -228,7 +229,7 @@ class StepBuilder:
                     self.cache.evict(lane, int(short[lane]))
                 # Eviction moves pages from evictable to free, so the room stays; a plan that follows positions
                 # only (rotation, legacy) stays too: the next round would allocate at once if no lane is short.
-                if self.alloc.config.owner_policy == "balanced" or (need > self.alloc.free_pages_per_lane()).any():
+                if follows_free_pages(self.alloc.config.owner_policy) or (need > self.alloc.free_pages_per_lane()).any():
                     continue
             a = (allocate or self.alloc.alloc_extend)(*args)
             return list(self.keys), a, logits if logits is not None else mqa_logits_elements(plan)
@@ -351,28 +352,29 @@ def even_share(pages: Sequence[int] | np.ndarray, cp_size: int) -> np.ndarray:
 
 
 def reservation_short(
-    policy: str, pages_left: Sequence[int], room: np.ndarray, placed: np.ndarray | None = None
+    policy: str, pages_left: Sequence[int], room: np.ndarray, placed: np.ndarray | None = None, *, per_lane: bool = True
 ) -> str | None:
     """Whether every admitted request can still finish: None, or what is short (``"total"``, ``"lane"``).
 
     ``pages_left``: the new pages each admitted request still needs after this step (``pages_to_finish``);
     ``room``: free + evictable pages per lane, int64 ``[C]``; ``placed``: the new pages the step's batch
-    takes per lane under its plan (int64 ``[C]``; none when omitted). Always: the total fits. Under
-    ``rotation`` and ``legacy`` (phases fixed by position and batch index, not by free pages) also every
-    lane: it holds what the step places there plus the even shares (``even_share``) of every request's
-    later pages, the spread C-ZIGZAG gives a chunk of ``>= 2C`` pages and rotation keeps for smaller
-    ones. Counting the step's own pages where its plan puts them (not ``ceil(m / C)`` on every lane) lets
-    a burst of one-page requests form the batch C-ROTATION-SPREADS describes: at batch indices 0..C-1 they
-    take one page on each lane. ``balanced`` needs no per-lane term: it sends a one-page chunk to a lane
-    with a free page, so while the total fits the oldest request can always advance. ``legacy`` with
-    chunks of fewer than 2C pages piles them on lane 0 instead of spreading them; the livelock that
-    follows is the policy's own, and the report shows it. Example C=2, room [3, 3], rotation: pages left
+    takes per lane under its plan (int64 ``[C]``; none when omitted); ``per_lane``: False checks the total
+    only (a request alone: its pages are all the pool holds besides the cache's; or before the step's plan
+    is known). Always: the total fits. Under ``rotation`` and ``legacy`` (phases fixed by position and
+    batch index, not by free pages) also every lane: it holds what the step places there plus the even
+    shares (``even_share``) of every request's later pages, the spread C-ZIGZAG gives a chunk of ``>= 2C``
+    pages and rotation keeps for smaller ones. Counting the step's own pages where its plan puts them (not
+    ``ceil(m / C)`` on every lane) lets a burst of one-page requests form the batch C-ROTATION-SPREADS
+    describes: at batch indices 0..C-1 they take one page on each lane. ``balanced`` needs no per-lane
+    term: it sends a one-page chunk to a lane with a free page, so while the total fits the oldest request
+    can always advance. ``legacy`` with chunks of fewer than 2C pages piles them on lane 0 instead of
+    spreading them; the livelock that follows is the policy's own, and the report shows it. Example C=2, room [3, 3], rotation: pages left
     [4] -> shares [2] per lane, None; placed [2, 0] with pages left [2] -> lane 0 needs 2 + 1 = 3, None.
     """
     step = int(placed.sum()) if placed is not None else 0
     if sum(pages_left) + step > int(room.sum()):
         return "total"
-    if policy == "balanced":
+    if not per_lane or follows_free_pages(policy):
         return None
     need = int(even_share(pages_left, room.shape[0]).sum()) + (placed if placed is not None else 0)
     return None if (need <= room).all() else "lane"

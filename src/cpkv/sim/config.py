@@ -1,4 +1,4 @@
-"""Simulator configuration: one CP prefill group, its KV pool, scheduler and cost model (issue 8)."""
+"""Simulator configuration: one CP prefill group, its KV pool, scheduler and cost model."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class CostModel:
 
 @dataclass(frozen=True, kw_only=True)
 class SimConfig:
-    """Configuration of one simulated CP prefill group (issue 8).
+    """Configuration of one simulated CP prefill group.
 
     Attributes:
         cp_size: ranks (C), at most ``cpkv.limits.MAX_CP_SIZE``. page_size: tokens per page (P).

@@ -1,4 +1,4 @@
-"""One policy's replay: a deterministic step loop over cpkv's real allocator and prefix cache (issues 8, 11).
+"""One policy's replay: a deterministic step loop over cpkv's real allocator and prefix cache.
 
 Each step: running requests, oldest first, get the longest next chunk that fits the token budget, every
 lane's free + evictable pages and the logits budget (``admission.StepBuilder``); then waiting requests
@@ -9,10 +9,10 @@ requests hand their pages to the prefix cache. Nothing here re-implements planni
 simulator drives the library exactly as an engine's scheduler would.
 
 Progress: under ``balanced`` the oldest request can always take a page somewhere while the reservation
-holds, and a request that cannot run even alone in the pool (its next page's lane full of its own pages,
-or its one-token chunk over the logits budget) is rejected with a reason. What remains, requests
-blocked by each other's pages (``legacy`` piling every page on lane 0), is a livelock: a finding in the
-report, never an exception.
+holds; a request that cannot run even alone (its next page's or MTP step's lane full of its own pages, or
+its one-token chunk over the logits budget) is rejected with a reason (``rejection.py``); decode steps
+that block each other retract the youngest decoding request. What remains, prefilling requests blocked
+by each other's pages (``legacy`` piling every page on lane 0), is a livelock: a finding in the report.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -30,44 +30,23 @@ from ..allocator import OwnerLaneAllocator
 from ..cache import PrefixCache
 from ..config import CPConfig
 from ..errors import LaneExhausted
+from ..policy import follows_free_pages
 from .admission import Fit, StepBuilder, pages_to_finish, reservation_short, stuck_alone
 from .config import SimConfig
 from .cost import step_work
-from .metrics import StepRecorder, compute_imbalance, compute_imbalance_mean, lane_metrics, percentile_ms
+from .metrics import StepRecorder, livelock_finding, policy_metrics
+from .rejection import budget_reason, lane_reason, pool_reason
 from .report import PolicyResult
+from .running import RunningRequest
 from .spec_decode import SpecDecoder
 from .trace import Request, prompt_token_ids
 
 _I64 = np.int64
 
 
-@dataclass(eq=False)
-class _Running:
-    """A request admitted to the group: its prompt, ``req_to_token`` row and progress (tokens)."""
-
-    req: Request
-    token_ids: np.ndarray  # [input_length] int64
-    slots: np.ndarray  # [input_length + output_length] int64 req_to_token row; only [:done + decoded] is set
-    done: int  # tokens whose KV exists (cached prefix + computed)
-    handle: object  # lock handle of the matched prefix
-    own_pages: list = field(default_factory=list)  # arrays of pages allocated for this request
-    decoded: int = 0
-    redo: int = 0  # output tokens whose KV a retraction dropped: prefilled again after the prompt
-
-    @property
-    def remaining(self) -> int:
-        return self.req.input_length + self.redo - self.done
-
-    @property
-    def last_loc(self) -> int:
-        return int(self.slots[self.done - 1]) if self.done else -1
-
-
 GC_GEN0_THRESHOLD = 100_000
-"""Allocations between two young-generation collections during a replay (CPython's default: 700). The step
-loop makes millions of short-lived objects and few reference cycles; at the default, collections cost
-about 5 % of the command (full trace, balanced, ten alternated runs: 11.1 -> 10.5 s of CPU on average) for
-16 MB of peak RSS."""
+"""Allocations between two young-generation collections during a replay (CPython's default: 700): the step
+loop makes millions of short-lived objects and few reference cycles (benchmarks/README.md)."""
 
 
 @contextmanager
@@ -107,8 +86,8 @@ class PolicyRun:
         self.rec = StepRecorder(config.cp_size)
         self.now_ms = 0.0
         self.waiting: list[Request] = []  # arrived, not admitted, in arrival order
-        self.running: list[_Running] = []
-        self.decoding: list[_Running] = []
+        self.running: list[RunningRequest] = []
+        self.decoding: list[RunningRequest] = []
         self.ttft_ms: list[float] = []
         self.rejections: dict[int, str] = {}
         self.finished = 0
@@ -150,7 +129,7 @@ class PolicyRun:
             elif self.retractions == before[1]:  # a retraction is neither progress nor a stall
                 stalled += 1
             if stalled >= self.cfg.livelock_steps:
-                self._record_livelock(stalled)
+                self.livelock = livelock_finding(self, stalled)
                 break
 
     # ------------------------------------------------------------------------------------------ step
@@ -164,7 +143,7 @@ class PolicyRun:
             # Whatever cut it first (a lane may refuse the long chunk, the budget every short one): a request
             # whose one-token chunk is over the logits budget on its own can never run.
             if not fit.tokens and not b.budget_fits_alone(r.done, r.last_loc):
-                self._reject(r, self._budget_reason(r.done))
+                self._reject(r, budget_reason(r.done, self.cfg.logits_budget_elements))
         self._admit()
         batch = b.commit()
         decode_tokens = self._decode_step() if self.decoding else None
@@ -205,21 +184,21 @@ class PolicyRun:
             req = self.waiting[i]
             pages = -(-self._kv_tokens(req) // P)
             if pages > usable:
-                self._drop_waiting(i, f"pool: needs {pages} pages but the pool has {usable} usable pages")
+                self._drop_waiting(i, pool_reason(pages, usable))
                 continue
             if self.builder.tokens_left <= 0 or not self._total_room_for(req):
                 return
             run = self._start(req)
             if not self.builder.budget_fits_alone(run.done, run.last_loc):
                 self.cache.unlock(run.handle)
-                self._drop_waiting(i, self._budget_reason(run.done))
+                self._drop_waiting(i, budget_reason(run.done, self.cfg.logits_budget_elements))
                 continue
             others = self.running + self.decoding
-            # room: re-read by _start's lock; first the total, then (phases fixed by position) every lane
-            short = reservation_short("balanced", [self._pages_left(r) for r in (*others, run)], self.builder.room)
+            pages_left = [self._pages_left(r) for r in (*others, run)]  # room: re-read by _start's lock
+            short = reservation_short(self.policy, pages_left, self.builder.room, per_lane=False)  # the total
             fit = self._note(self.builder.add(run, run.done, run.remaining, run.last_loc)) if not short else None
-            if fit is not None and fit.tokens and others and self.policy != "balanced":
-                short = self._lane_reservation_short((*others, run))
+            if fit is not None and fit.tokens and others and not follows_free_pages(self.policy):
+                short = self._lane_reservation_short((*others, run))  # every lane, with the step as planned
                 if short:
                     self.builder.drop_last()
                     fit = None
@@ -232,13 +211,13 @@ class PolicyRun:
             self.cache.unlock(run.handle)
             self.builder.refresh_room()
             if fit is not None and fit.cut == "lane" and not others:  # alone, and its chunk has no lane
-                self._drop_waiting(i, self._lane_reason(fit.lane, "its cached prefix"))
+                self._drop_waiting(i, lane_reason(self.policy, fit.lane, int(self.alloc.capacity_per_lane[fit.lane]), "its cached prefix"))
             elif short == "lane" or (fit is not None and fit.cut == "lane"):
                 i += 1
             else:
                 return  # short of pages in total, or the step's token or logits budget is spent
 
-    def _lane_reservation_short(self, admitted: Sequence[_Running]) -> str | None:
+    def _lane_reservation_short(self, admitted: Sequence[RunningRequest]) -> str | None:
         """``reservation_short`` per lane: the step's batch as planned, then every admitted request's later
         pages (its pages left after its chunk of this step) as even shares."""
         chunk = self.builder.chunks()
@@ -263,7 +242,7 @@ class PolicyRun:
             tokens = self._tokens[req.req_id] = prompt_token_ids(req)
         return tokens
 
-    def _start(self, req: Request) -> _Running:
+    def _start(self, req: Request) -> RunningRequest:
         """Match the prompt (``load_back`` of a host-tier part on its recorded lanes) and lock the prefix."""
         tokens = self._token_ids(req)
         match = self.cache.match_prefix(tokens[:-1])  # at least one token is computed
@@ -273,7 +252,7 @@ class PolicyRun:
         self.builder.refresh_room()
         slots = np.empty(req.input_length + req.output_length, dtype=_I64)  # written as positions get KV
         slots[: match.device_len] = match.device_slots
-        return _Running(req, tokens, slots, match.device_len, match.handle, redo=self._redo.get(req.req_id, 0))
+        return RunningRequest(req, tokens, slots, match.device_len, match.handle, redo=self._redo.get(req.req_id, 0))
 
     def _kv_tokens(self, req: Request) -> int:
         """KV slots ``req`` holds at its peak, the figure admission and reservations use: its prompt; with
@@ -283,11 +262,11 @@ class PolicyRun:
             return req.input_length
         return req.input_length + req.output_length + (self.cfg.spec_draft_tokens - 1 if self.spec else 0)
 
-    def _pages_left(self, r: _Running) -> int:
+    def _pages_left(self, r: RunningRequest) -> int:
         return pages_to_finish(self._kv_tokens(r.req), r.done + r.decoded, self.cfg.page_size)
 
     # --------------------------------------------------------------------------------------- advance
-    def _advance(self, batch: list[_Running], alloc) -> None:
+    def _advance(self, batch: list[RunningRequest], alloc) -> None:
         out = alloc.out_cache_loc_cpu
         indptr = alloc.plan.extend_indptr
         page_indptr = alloc.plan.page_indptr
@@ -348,12 +327,12 @@ class PolicyRun:
                 self.finished += 1
         return a.plan.per_rank_tokens
 
-    def _leaked_pages(self) -> int:
+    def leaked_pages(self) -> int:
         """Pages in use that neither the prefix cache nor a live request holds (0 unless pages leak)."""
         live = sum(p.shape[0] for r in self.running + self.decoding for p in r.own_pages)
         return int(self.alloc.used_pages_per_lane().sum() - self.cache.cached_pages_per_lane().sum()) - live
 
-    def _retire(self, r: _Running, n: int) -> None:
+    def _retire(self, r: RunningRequest, n: int) -> None:
         """Hand the full pages of the first ``n`` prompt tokens to the prefix cache, unlock the matched
         prefix, free the request's other pages (the partial last page, decode pages)."""
         res = self.cache.insert(r.token_ids[:n], r.slots[:n])
@@ -368,7 +347,7 @@ class PolicyRun:
         self.alloc.free(rest)
 
     # ------------------------------------------------------------------------------------- rejection
-    def _reject(self, r: _Running, reason: str) -> None:
+    def _reject(self, r: RunningRequest, reason: str) -> None:
         """Stop an admitted request for good: its computed prompt pages go to the cache, the rest is freed."""
         (self.running if r in self.running else self.decoding).remove(r)
         self._retire(r, r.done)
@@ -380,7 +359,7 @@ class PolicyRun:
         self._tokens.pop(req.req_id, None)
         self.rejections[req.req_id] = reason
 
-    def _unblock(self, oldest: _Running) -> None:
+    def _unblock(self, oldest: RunningRequest) -> None:
         """In a step where nothing advanced: reject the oldest admitted request if it could not run even
         with every other page of the pool free (its policy puts its next chunk, or its decode step's
         slots, on a lane full of its own pages), else retract the youngest decoding request."""
@@ -390,11 +369,11 @@ class PolicyRun:
         step = self.decode_builder.config.chunk_size if oldest in self.decoding else 1  # K slots, or one token
         lane = stuck_alone(self.cfg, self.policy, held, kv, last_page, step)
         if lane >= 0:
-            self._reject(oldest, self._lane_reason(lane, "its own pages"))
+            self._reject(oldest, lane_reason(self.policy, lane, int(self.alloc.capacity_per_lane[lane]), "its own pages"))
         elif self.decoding:
             self._retract(max(self.decoding, key=lambda r: r.req.req_id))
 
-    def _retract(self, r: _Running) -> None:
+    def _retract(self, r: RunningRequest) -> None:
         """Retract a decoding request as an engine does when decode steps block each other (SGLang's
         ``retract_decode``): its matched prefix stays in the cache (unlocked), every page it allocated is
         freed, and it waits again in arrival order; re-admitted, it prefills its prompt's uncached part
@@ -411,64 +390,7 @@ class PolicyRun:
         self._hold_admission = True
         self.builder.refresh_room()
 
-    def _lane_reason(self, lane: int, what: str) -> str:
-        cap = int(self.alloc.capacity_per_lane[lane])
-        return (f"lane: policy {self.policy} puts the next page on lane {lane}, whose {cap} usable pages "
-                f"hold {what}")  # fmt: skip
-
-    def _budget_reason(self, prefix_len: int) -> str:
-        return (f"logits_budget: a one-token chunk at position {prefix_len} needs {prefix_len + 1} logits "
-                f"elements on one rank, over the budget of {self.cfg.logits_budget_elements}")  # fmt: skip
-
     # --------------------------------------------------------------------------------------- results
-    def _record_livelock(self, stalled: int) -> None:
-        blocked = [r.req.req_id for r in self.running + self.decoding]
-        self.livelock = {
-            "lane": self.last_short_lane,
-            "stalled_steps": stalled,
-            "blocked_requests": blocked[:32],
-            "blocked_count": len(blocked),
-            "waiting_count": len(self.waiting),
-            "free_pages_per_lane": self.alloc.free_pages_per_lane().tolist(),
-            "owner_lane_exhausted": self.owner_lane_exhausted,
-        }
-
     def _result(self, wall_s: float) -> PolicyResult:
         used = self.rec.used()
-        work = self.rec.work()
-        counters = self.cache.counters()
-        reasons: dict[str, int] = {}
-        for why in self.rejections.values():
-            code = why.split(":", 1)[0]
-            reasons[code] = reasons.get(code, 0) + 1
-        metrics = {
-            "requests_total": len(self.requests),
-            "requests_finished": self.finished,
-            "requests_rejected": len(self.rejections),
-            "prefill_tokens": self.prefill_tokens,
-            "cache_hit_tokens": self.cache_hit_tokens,
-            **lane_metrics(used, self.cfg.lane_capacities),
-            "compute_imbalance": compute_imbalance(work),
-            "compute_imbalance_mean": compute_imbalance_mean(work),
-            "owner_lane_exhausted": self.owner_lane_exhausted,
-            "load_back_owner_lane_capacity_failed": counters["load_back_owner_lane_capacity_failed"],
-            "evicted_pages": int(sum(counters["evicted_pages"])),
-            "livelock_detected": self.livelock is not None,
-            "ttft_ms_p50": percentile_ms(self.ttft_ms, 50),
-            "ttft_ms_p99": percentile_ms(self.ttft_ms, 99),
-            "mqa_logits_peak_elements": self.logits_peak,
-            "logits_budget_elements": self.cfg.logits_budget_elements,
-            "logits_budget_cuts": self.logits_budget_cuts,
-            "sim_wall_s": round(wall_s, 3),
-            "steps": self.rec.num_steps,
-            "sim_time_ms": self.now_ms,
-            "leaked_pages": self._leaked_pages(),
-            "retractions": self.retractions,
-            **(self.spec.metrics() if self.spec else {}),
-            "load_back_pages": counters["load_backs"],
-            "host_backups": counters["backups"],
-            "rejection_reasons": dict(sorted(reasons.items())),
-            "livelock": self.livelock,
-            "rejections": {str(k): v for k, v in sorted(self.rejections.items())[:100]},
-        }
-        return PolicyResult(self.policy, metrics, self.rec.times(), used)
+        return PolicyResult(self.policy, policy_metrics(self, used, wall_s), self.rec.times(), used)

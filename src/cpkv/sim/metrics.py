@@ -1,4 +1,5 @@
-"""Per-step recording and the report metrics of SPEC section 11 (defined in ``docs/metrics.md``)."""
+"""Per-step recording and the report metrics of SPEC section 11 (defined in ``docs/metrics.md``): the
+``StepRecorder``, the metric formulas, and ``policy_metrics``, the metrics of one policy's replay."""
 
 from __future__ import annotations
 
@@ -106,3 +107,63 @@ def compute_imbalance_mean(work: np.ndarray) -> float:
 def percentile_ms(values: list[float], q: float) -> float | None:
     """The q-th percentile (linear interpolation) of ``values`` in ms, or None when empty."""
     return float(np.percentile(np.asarray(values), q)) if values else None
+
+
+def policy_metrics(run, used: np.ndarray, wall_s: float) -> dict:
+    """The report metrics of one finished replay (docs/metrics.md; ``sim_wall_s`` is ``wall_s`` rounded).
+
+    ``run``: the ``sim.engine.PolicyRun`` (its counters, recorder, allocator, prefix cache and
+    speculative decoder are read, nothing is changed); ``used``: its recorder's ``used()`` pages per step.
+    """
+    counters = run.cache.counters()
+    reasons: dict[str, int] = {}
+    for why in run.rejections.values():
+        code = why.split(":", 1)[0]
+        reasons[code] = reasons.get(code, 0) + 1
+    work = run.rec.work()
+    return {
+        "requests_total": len(run.requests),
+        "requests_finished": run.finished,
+        "requests_rejected": len(run.rejections),
+        "prefill_tokens": run.prefill_tokens,
+        "cache_hit_tokens": run.cache_hit_tokens,
+        **lane_metrics(used, run.cfg.lane_capacities),
+        "compute_imbalance": compute_imbalance(work),
+        "compute_imbalance_mean": compute_imbalance_mean(work),
+        "owner_lane_exhausted": run.owner_lane_exhausted,
+        "load_back_owner_lane_capacity_failed": counters["load_back_owner_lane_capacity_failed"],
+        "evicted_pages": int(sum(counters["evicted_pages"])),
+        "livelock_detected": run.livelock is not None,
+        "ttft_ms_p50": percentile_ms(run.ttft_ms, 50),
+        "ttft_ms_p99": percentile_ms(run.ttft_ms, 99),
+        "mqa_logits_peak_elements": run.logits_peak,
+        "logits_budget_elements": run.cfg.logits_budget_elements,
+        "logits_budget_cuts": run.logits_budget_cuts,
+        "sim_wall_s": round(wall_s, 3),
+        "steps": run.rec.num_steps,
+        "sim_time_ms": run.now_ms,
+        "leaked_pages": run.leaked_pages(),
+        "retractions": run.retractions,
+        **(run.spec.metrics() if run.spec else {}),
+        "load_back_pages": counters["load_backs"],
+        "host_backups": counters["backups"],
+        "rejection_reasons": dict(sorted(reasons.items())),
+        "livelock": run.livelock,
+        "rejections": {str(k): v for k, v in sorted(run.rejections.items())[:100]},
+    }
+
+
+def livelock_finding(run, stalled: int) -> dict:
+    """``report.json``'s ``livelock`` of a replay stopped after ``stalled`` steps without progress: the lane
+    last short, the blocked (admitted) and waiting requests, free pages per lane, failure counts (``run``: a
+    ``PolicyRun``, read only)."""
+    blocked = [r.req.req_id for r in run.running + run.decoding]
+    return {
+        "lane": run.last_short_lane,
+        "stalled_steps": stalled,
+        "blocked_requests": blocked[:32],
+        "blocked_count": len(blocked),
+        "waiting_count": len(run.waiting),
+        "free_pages_per_lane": run.alloc.free_pages_per_lane().tolist(),
+        "owner_lane_exhausted": run.owner_lane_exhausted,
+    }

@@ -27,7 +27,7 @@ REPORT_FIELDS = (
     "livelock_detected", "retractions", "ttft_ms_p50", "ttft_ms_p99", "mqa_logits_peak_elements", "logits_budget_elements",
     "logits_budget_cuts", "sim_wall_s",
 )  # fmt: skip
-"""Metrics every policy's entry in ``report.json`` carries (issues 8, 11; formulas in docs/metrics.md)."""
+"""Metrics every policy's entry in ``report.json`` carries (formulas in docs/metrics.md)."""
 
 SPEC_DECODE_FIELDS = (
     "leaked_pages", "spec_accept_length", "spec_accepted_drafts_per_step", "draft_pages_allocated",

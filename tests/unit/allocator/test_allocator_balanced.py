@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import oracle
 from cpkv import CPConfig, LaneExhausted, OwnerLaneAllocator
-from cpkv.allocator import _balanced_phase
+from cpkv.policy import balanced_phase
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-BALANCED")]
 
@@ -255,7 +255,7 @@ def test_large_requests_spread_evenly_whatever_the_phase(C, m, data):
     data=st.data(),
 )
 def test_window_rule_equals_the_amended_criteria(C, m, partial, data):
-    """``_balanced_phase`` (the O(C) window form) picks the phase ``oracle.balanced_phase`` picks by brute
+    """``policy.balanced_phase`` (the O(C) window form) picks the phase ``oracle.balanced_phase`` picks by brute
     force over every phase (P = 4; the last page partly filled or not), and lowers ``free`` and raises
     ``transient`` by exactly that phase's pages; free and transient pages drawn from narrow ranges so that
     ties on every criterion, and lanes that cannot fit, are common."""
@@ -266,7 +266,7 @@ def test_window_rule_equals_the_amended_criteria(C, m, partial, data):
     E = m * P - (1 if partial else 0)
     want = oracle.balanced_phase(0, E, C, P, rotation, free, transient)
     left, trans = list(free), list(transient)
-    assert _balanced_phase(left, trans, m, rotation, partial) == want
+    assert balanced_phase(left, trans, m, rotation, partial) == want
     owners = oracle.plan_request(0, E, C, P, rotation, phase=want)["page_owners"]
     assert left == [free[r] - owners.count(r) for r in range(C)]
     assert trans == [transient[r] + (partial and owners[-1] == r) for r in range(C)]

@@ -1,4 +1,4 @@
-"""The single-page path (decode steps, small calls; ``cpkv/single_page.py``) against the general path.
+"""The single-page path (decode steps, small calls; ``cpkv/allocator/one_page.py``) against the general path.
 
 Differential: the same allocator state and call go through ``alloc_decode`` / ``alloc_extend`` (which take
 the single-page path whenever every request needs at most one new page) and through the general path
@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from allocator_state import snapshot
 from cpkv import BatchPlan, CPConfig, CpkvError, OwnerLaneAllocator
-from cpkv.single_page import alloc_single_page
 
 pytestmark = pytest.mark.unit
 
@@ -147,7 +146,7 @@ def test_single_page_path_equals_general_path(decode, data):
     alloc, L0s, Es, lasts, form = data.draw(scenarios(decode))
     note(f"C={alloc.config.cp_size} P={alloc.config.page_size} policy={alloc.config.owner_policy} "
          f"caps={alloc.lane_pages.tolist()} L0={L0s} E={Es} last={lasts} form={form}")  # fmt: skip
-    probe = alloc_single_page(copy.deepcopy(alloc), L0s, None if decode else Es, lasts)
+    probe = copy.deepcopy(alloc)._alloc_one_page(L0s, None if decode else Es, lasts)
     both = run_both(alloc, L0s, Es, lasts, form, decode)
     if both is None:
         assert probe is None  # bad input: the general path raised
@@ -199,7 +198,7 @@ def test_spec_balanced_examples_take_the_single_page_path():
     # SPEC C-BALANCED: C=2, P=1, Q=2 (lane 0 has one usable page): two separate one-token batches get
     # pages 1 and 2. One-page requests one batch at a time go round robin 1, 2, ..., C-1, 0 (consequence b).
     alloc = OwnerLaneAllocator(CPConfig(2, 1, "balanced"), 2)
-    assert alloc_single_page(copy.deepcopy(alloc), [0], [1], [-1]) is not None
+    assert copy.deepcopy(alloc)._alloc_one_page([0], [1], [-1]) is not None
     assert [alloc.alloc_extend([0], [1], [-1]).new_pages.tolist() for _ in range(2)] == [[1], [2]]
     alloc = OwnerLaneAllocator(CPConfig(4, 16, "balanced"), 64)
     lanes = [int(alloc.alloc_extend([0], [16], [-1]).new_pages[0]) % 4 for _ in range(8)]
@@ -255,7 +254,7 @@ def test_bad_single_request_raises_as_general_path(decode, L0, last, match):
     alloc = OwnerLaneAllocator(CPConfig(4, 4, "balanced"), [8, 7, 8, 8])
     assert alloc.alloc_pages([1]).tolist() == [1]
     before = snapshot(alloc)
-    assert alloc_single_page(alloc, [L0], None if decode else [1], [last]) is None
+    assert alloc._alloc_one_page([L0], None if decode else [1], [last]) is None
     with pytest.raises(CpkvError, match=match):
         alloc.alloc_decode([L0], [last]) if decode else alloc.alloc_extend([L0], [1], [last])
     assert snapshot(alloc) == before

@@ -1,4 +1,4 @@
-"""Kept plans (``plan_memo.py``) equal a fresh plan of the same state, bit for bit (C-BALANCED, C-ALLOC).
+"""Kept plans (``cpkv/allocator/memo.py``) equal a fresh plan of the same state, bit for bit (C-BALANCED, C-ALLOC).
 
 ``plan_extend`` keeps its plan for the ``alloc_extend`` that follows; under ``balanced`` a kept plan made
 with other free pages is reused when the new free pages choose the same phases. Differential check: after
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpkv import CPConfig, OwnerLaneAllocator
-from cpkv.plan_memo import PlanMemo
+from cpkv.allocator.memo import PlanMemo
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-BALANCED")]
 

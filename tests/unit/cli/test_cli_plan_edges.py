@@ -5,7 +5,7 @@ import json
 import pytest
 
 from cpkv.cli import app, main
-from cpkv.plan_view import lane_strip
+from cpkv.cli.plan_view import lane_strip
 from cpkv.sim.config import SimConfig
 
 pytestmark = pytest.mark.unit
@@ -69,7 +69,7 @@ def test_plan_and_simulate_share_cp_size_and_page_size_defaults():
 
 
 def test_run_dist_page_size_default_is_the_same():
-    # run-dist loads with its command (cli._LazyGroup); its --page-size default is plan's and simulate's.
+    # run-dist loads with its command (cpkv.cli._LazyGroup); its --page-size default is plan's and simulate's.
     import click
 
     ctx = click.Context(app)

@@ -8,8 +8,8 @@ import pytest
 
 import cpkv.limits
 from cpkv import ConfigError, CPConfig, HostTier, LayoutError, PrefixCacheError, SharedKVLayout
-from cpkv.config import INT64_MAX, check_int, check_lane
 from cpkv.sim.config import SimConfig
+from cpkv.validate import INT64_MAX, check_int, check_lane
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-FAIL-FAST")]
 

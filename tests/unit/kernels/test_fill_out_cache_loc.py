@@ -70,9 +70,9 @@ def test_empty_batch_and_empty_requests():
 
 def test_bad_inputs_raise_kernel_error_naming_the_value():
     plan = plan_batch([10], [8], CPConfig(2, 4), head_owners=[0])
-    with pytest.raises(KernelError, match="new_pages must be 2 integers"):
+    with pytest.raises(KernelError, match="new_pages has 1 entries but the plan has 2"):
         K.fill_out_cache_loc(plan, [9], [5])
-    with pytest.raises(KernelError, match="last_locs must be 1 integers"):
+    with pytest.raises(KernelError, match="last_locs has 2 entries but the plan has 1"):
         K.fill_out_cache_loc(plan, [9, 9], [5, 2])
     with pytest.raises(KernelError, match="request 0: computes head tokens but last_loc=-1"):
         K.fill_out_cache_loc(plan, [-1], [5, 2])

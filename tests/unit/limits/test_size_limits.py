@@ -26,7 +26,7 @@ from cpkv import (
     plan_request,
 )
 from cpkv.cli import main
-from cpkv.planner import plan_bytes
+from cpkv.validate import plan_bytes
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-FAIL-FAST")]
 

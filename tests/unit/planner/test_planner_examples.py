@@ -12,7 +12,7 @@ from cpkv import (
     plan_batch,
     plan_request,
 )
-from cpkv.planner import zigzag_lane_pages
+from cpkv.policy import zigzag_lane_pages
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ from cpkv import (
     plan_batch,
     plan_request,
 )
-from cpkv.planner import MAX_POSITION
+from cpkv.validate import MAX_POSITION
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-FAIL-FAST")]
 

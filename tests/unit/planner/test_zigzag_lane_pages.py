@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import oracle
 from cpkv import CPConfig, plan_request
-from cpkv.planner import zigzag_lane_pages
+from cpkv.policy import zigzag_lane_pages
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-ZIGZAG")]
 

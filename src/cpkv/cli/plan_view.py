@@ -1,4 +1,5 @@
-"""Human and JSON views of a ``BatchPlan``: lane strips and plain dicts (used by ``cpkv plan``)."""
+"""Human and JSON views of a plan (``BatchPlan`` or ``RequestPlan``): lane strips and plain dicts, for
+``cpkv plan``."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import sys
 
 import numpy as np
 
-from .estimator import mqa_logits_elements
-from .planner import BatchPlan, run_starts
+from ..config import CPConfig
+from ..estimator import mqa_logits_elements
+from ..plan import BatchPlan, RequestPlan
+from ..runs import run_starts
 
 _LANE_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
 STRIP_MAX_PAGES = 96
@@ -30,11 +33,17 @@ def lane_strip(page_owners: np.ndarray, cp_size: int) -> str:
     return " ".join(f"{owners[s]}x{c}" for s, c in zip(starts.tolist(), counts.tolist(), strict=True))
 
 
-def plan_to_dict(plan: BatchPlan) -> dict:
-    """JSON-ready summary of a batch plan: per request phase, head, page owners, per-rank tokens, last
-    token owner; per batch per-rank tokens, max_rank_tokens and MQA-logits elements per rank (C-ESTIMATE).
-    Values are ints and lists of ints (tokens, pages, elements)."""
-    cfg = plan.config
+def plan_to_dict(plan: BatchPlan | RequestPlan, config: CPConfig | None = None) -> dict:
+    """JSON-ready summary of a plan: per request phase, head, page owners, per-rank tokens, last token
+    owner; per batch per-rank tokens, max_rank_tokens and MQA-logits elements per rank (C-ESTIMATE).
+    Values are ints and lists of ints (tokens, pages, elements). A ``RequestPlan`` (``plan_request``, at
+    its own ``req_index``) is shown as a batch of that one request; it needs the ``config`` it was
+    planned with (a ``BatchPlan`` carries its own)."""
+    if isinstance(plan, RequestPlan):
+        cfg, requests, per_rank = config, (plan,), plan.per_rank_tokens
+        max_rank = max(per_rank.tolist(), default=0)
+    else:
+        cfg, requests, per_rank, max_rank = plan.config, plan.requests, plan.per_rank_tokens, plan.max_rank_tokens
     return {
         "cp_size": cfg.cp_size,
         "page_size": cfg.page_size,
@@ -51,10 +60,10 @@ def plan_to_dict(plan: BatchPlan) -> dict:
                 "per_rank_tokens": r.per_rank_tokens.tolist(),
                 "last_token_owner": r.last_token_owner,
             }
-            for r in plan.requests
+            for r in requests
         ],
-        "per_rank_tokens": plan.per_rank_tokens.tolist(),
-        "max_rank_tokens": plan.max_rank_tokens,
+        "per_rank_tokens": per_rank.tolist(),
+        "max_rank_tokens": max_rank,
         "mqa_logits_elements": mqa_logits_elements(plan).tolist(),
     }
 

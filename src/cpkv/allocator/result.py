@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import AllocatorError
-from .planner import BatchPlan
+from ..errors import AllocatorError
+from ..plan import BatchPlan
 
 if TYPE_CHECKING:
     import torch
@@ -28,7 +28,7 @@ class ExtendAllocation:
             allocator the very memory of ``out_cache_loc`` (as ``out_cache_loc.numpy()``), a copy from the
             device otherwise.
         plan: the ``BatchPlan`` the pages were allocated for (phases as the policy chose them). When every
-            request needed at most one new page (decode steps, small calls; ``single_page.py``) it is built
+            request needed at most one new page (decode steps, small calls; ``one_page.py``) it is built
             on first access, by the same ``plan_batch`` call the general path makes, so it is the same plan.
         new_pages: ``[sum m]`` int64 numpy page ids, flat, request order (``plan.page_owners`` order).
     """

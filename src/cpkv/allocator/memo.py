@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .planner import BatchPlan
+from ..plan import BatchPlan
 
 
 class MemoHit(NamedTuple):

@@ -1,0 +1,18 @@
+"""The owner-lane paged allocator (SPEC section 7): ``OwnerLaneAllocator``, its result ``ExtendAllocation``
+and its page pool ``LanePool``.
+
+- ``pool.py``: ``LanePool``, per-lane free stacks and the handed-out bitmap; knows no plan (C-ALLOC);
+- ``owner_lane.py``: ``OwnerLaneAllocator``, the call protocol: check, plan (``memo.py`` keeps the plans
+  of ``plan_extend`` for the ``alloc_extend`` that follows), pick, build ``out_cache_loc``, commit;
+- ``one_page.py``: the path without the planner for batches whose requests take at most one new page;
+- ``checks.py``: the checks of the calls' inputs (page ids, lanes, ``last_locs``; C-FAIL-FAST);
+- ``result.py``: ``ExtendAllocation``.
+
+The policy rules are ``cpkv.policy``'s, the slot reference ``cpkv.slots``'s.
+"""
+
+from .owner_lane import OwnerLaneAllocator
+from .pool import LanePool
+from .result import ExtendAllocation
+
+__all__ = ["ExtendAllocation", "LanePool", "OwnerLaneAllocator"]

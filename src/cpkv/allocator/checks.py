@@ -1,0 +1,99 @@
+"""Input checks of the allocator's calls: page ids, lanes, ``last_locs`` (SPEC C-FAIL-FAST, C-HEAD).
+
+Every failure is an ``AllocatorError`` naming the request and the offending value; nothing is taken or
+freed before a check passes. The common valid case costs one vectorised test (``LanePool.valid_last_locs``);
+only a failing batch is searched for the first bad request.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import CPConfig
+from ..errors import AllocatorError
+from ..validate import as_int_array
+from .pool import LanePool
+
+_U64 = np.uint64
+
+
+def page_id_array(pages, num_pages: int) -> np.ndarray:
+    """``pages`` (list, numpy or CPU tensor) as int64 ``[n]`` ids in ``[0, num_pages)``, else AllocatorError."""
+    arr = as_int_array("pages", pages, error=AllocatorError)
+    if arr.shape[0] and arr.view(_U64).max() >= num_pages:  # a negative id wraps to a huge one
+        bad = arr[(arr < 0) | (arr >= num_pages)]
+        raise AllocatorError(f"page id {int(bad[0])} out of range [0, {num_pages})")
+    return arr
+
+
+def lane_array(owners, cp_size: int) -> np.ndarray:
+    """``owners`` (list, numpy or CPU tensor) as int64 ``[n]`` lanes in ``[0, cp_size)``, else AllocatorError."""
+    arr = as_int_array("owners", owners, error=AllocatorError)
+    bad = np.flatnonzero((arr < 0) | (arr >= cp_size))
+    if bad.size:
+        i = int(bad[0])
+        raise AllocatorError(f"owners[{i}]={int(arr[i])} out of range [0, {cp_size})")
+    return arr
+
+
+def head_owners(pool: LanePool, config: CPConfig, L0: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """Validate ``last_locs`` against ``prefix_lens`` (int64 ``[B]`` each; C-FAIL-FAST) and return the lane
+    of each ``last_loc``'s page, int64 ``[B]`` (-1: no prefix), else AllocatorError naming the request.
+
+    Valid: ``last_loc = -1`` exactly when ``prefix_len = 0``, else a slot of a page the pool holds, in
+    ``[P, num_pages * P)``, with ``(last_loc + 1) % P == prefix_len % P``.
+    """
+    P, C, num_pages = config.page_size, config.cp_size, pool.num_pages
+    valid = pool.valid_last_locs(L0, last, P)
+    if valid is not None:
+        nxt, page = valid
+        return np.where(nxt != 0, page % C, -1)
+    none = L0 <= 0
+    has = ~none
+    bad = np.flatnonzero(none & (last != -1))
+    if bad.size:
+        i = int(bad[0])
+        raise AllocatorError(f"request {i}: prefix_len={int(L0[i])} needs last_loc=-1, got {int(last[i])}")
+    bad = np.flatnonzero(has & ((last < P) | (last >= num_pages * P)))
+    if bad.size:
+        i = int(bad[0])
+        raise AllocatorError(
+            f"request {i}: last_loc={int(last[i])} out of range [{P}, {num_pages * P}) "
+            f"for prefix_len={int(L0[i])}"
+        )
+    bad = np.flatnonzero(has & ((last + 1) % P != L0 % P))
+    if bad.size:
+        i = int(bad[0])
+        raise AllocatorError(
+            f"request {i}: last_loc={int(last[i])} is inconsistent with prefix_len={int(L0[i])}: "
+            f"(last_loc + 1) % {P} = {(int(last[i]) + 1) % P} but prefix_len % {P} = {int(L0[i]) % P}"
+        )
+    page = np.where(has, last // P, 0)
+    bad = np.flatnonzero(has & ~pool.is_held(page))
+    if bad.size:
+        i = int(bad[0])
+        p = int(page[i])
+        why = "is free" if pool.exists(p) else f"does not exist (lane {p % C} holds {pool.lane_pages[p % C]} pages)"
+        raise AllocatorError(f"request {i}: last_loc={int(last[i])} lies on page {p}, which {why}")
+    return np.where(has, page % C, -1)
+
+
+def check_shared_heads(L0: np.ndarray, E: np.ndarray, last: np.ndarray, P: int) -> None:
+    """AllocatorError when two requests of a batch would write head tokens into the same page (C-HEAD):
+    both ``last_loc`` on one partly filled page (``prefix_len % P != 0``) and both extending, so their
+    tokens would take the same slots. A page holds one sequence's next tokens; a scheduler that shares a
+    partly filled prefix page copies it first (requests that share whole pages are fine).
+    Example P=4: ``alloc_extend([6, 6], [1, 1], [9, 9])`` would give both requests slot 10."""
+    rows = ((L0 % P != 0) & (E > 0)).nonzero()[0]
+    if rows.shape[0] < 2:
+        return
+    page = last[rows] // P
+    order = np.argsort(page, kind="stable")
+    same = np.flatnonzero(page[order][1:] == page[order][:-1])
+    if same.size:
+        i, j = sorted((int(rows[order[same[0]]]), int(rows[order[same[0] + 1]])))
+        raise AllocatorError(
+            f"requests {i} and {j}: last_loc={int(last[i])} and last_loc={int(last[j])} lie on page "
+            f"{int(last[i]) // P}, partly filled, and both extend it: their head tokens would take the same "
+            f"slots (copy a shared partly filled page before extending it)"
+        )

@@ -1,0 +1,7 @@
+"""``python -m cpkv.cli``: the ``cpkv`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

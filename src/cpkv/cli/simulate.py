@@ -1,0 +1,131 @@
+"""``cpkv simulate``: replay traffic through one CP prefill group under each owner policy (``cpkv.sim``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from ..config import OWNER_POLICIES
+from ..sim.config import SimConfig
+from .options import FilePath, InputError, parse_pages_per_lane
+
+
+@click.command()
+@click.option("--trace", type=FilePath(), default=None, help="Mooncake-format JSONL trace.")
+@click.option("--workload", type=click.Choice(["synthetic", "tiny-chunks", "tiny-chunks-reload", "short-prompts"]),
+              default=None, help="Built-in workload when no --trace is given (default: synthetic).")  # fmt: skip
+@click.option("--cp-size", type=int, default=SimConfig.cp_size, show_default=True,
+              help="Ranks in the CP group (C), at most 4096 (cpkv.limits.MAX_CP_SIZE).")  # fmt: skip
+@click.option("--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P).")
+@click.option("--pages-per-lane", type=str, default=None, callback=parse_pages_per_lane,
+              help=f"Device pages per lane: N, or one per lane as 9,10,10,10 (ranks with unequal free memory) "
+                   f"[{SimConfig.pages_per_lane}; the lane-skew workloads size their own pool, docs/metrics.md].")  # fmt: skip
+@click.option("--host-pages-per-lane", type=int, default=None,
+              help=f"Host-tier pages per lane [{SimConfig.host_pages_per_lane}; tiny-chunks-reload: enough for every "
+                   "prompt page].")  # fmt: skip
+@click.option("--chunk-size", type=int, default=None,
+              help=f"Most tokens a request prefills per step [{SimConfig.chunk_size}].")  # fmt: skip
+@click.option("--max-batch-tokens", type=int, default=None,
+              help=f"Most prefill tokens per step [max(2 x chunk size, {SimConfig.max_batch_tokens})].")  # fmt: skip
+@click.option("--logits-budget-mb", type=float, default=SimConfig.logits_budget_mb, show_default=True,
+              help="MQA-logits buffer budget per rank in MiB (0: off).")  # fmt: skip
+@click.option("--colocated-decode", is_flag=True, help="Keep pages for output_length decode steps.")
+@click.option("--spec-draft-tokens", type=int, default=SimConfig.spec_draft_tokens, show_default=True,
+              help="MTP decode: KV slots per request per step (root + K-1 drafts; alloc_draft, release_tail). "
+                   "Implies --colocated-decode; 0: plain decode.")  # fmt: skip
+@click.option("--spec-accept-rate", type=float, default=SimConfig.spec_accept_rate, show_default=True,
+              help="Per-draft-token acceptance probability of --spec-draft-tokens (seeded, geometric).")
+@click.option("--policy", "policies", multiple=True, default=["all"], show_default=True,
+              type=click.Choice([*OWNER_POLICIES, "all"]), help="Owner policy; repeatable.")
+@click.option("--max-requests", type=int, default=None, help="Replay only the first N requests.")
+@click.option("--seed", type=int, default=SimConfig.seed, show_default=True, help="Seed of the built-in workloads.")
+@click.option("--out", "out_dir", type=FilePath(), default=Path("out/simulate"),
+              show_default=True, help="Directory for report.json, summary.csv, lanes.png.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per_lane, chunk_size,
+             max_batch_tokens, logits_budget_mb, colocated_decode, spec_draft_tokens, spec_accept_rate, policies,
+             max_requests, seed, out_dir, no_progress) -> None:  # fmt: skip
+    """Replay traffic through one CP prefill group under each owner policy; write a side-by-side report.
+
+    The output directory is created and probed before the replay, the report is rewritten after each
+    policy (report.json "status": "incomplete" until the last) and every file is replaced atomically.
+    Ctrl-C writes the finished policies ("status": "interrupted") and exits 130; a file that still cannot
+    be written at the end is named on one line after the table (exit 2).
+    """
+    from ..sim.config import check_policies
+    from ..sim.runner import SimulationInterrupted
+    from ..sim.runner import simulate as run_simulation
+    from ..sim.workload import build_workload
+    from ..validate import check_int
+
+    if trace is not None and workload is not None:
+        raise InputError(f"give --trace or --workload, not both (got --workload {workload})")
+    name = "trace" if trace is not None else workload or "synthetic"
+    if max_requests is not None:
+        check_int("--max-requests", max_requests, 1)  # named as given (the workloads call it num_requests)
+    check_out_dir(out_dir)
+    spec = build_workload(name, num_requests=max_requests, seed=seed, trace_path=trace, page_size=page_size)
+    config = SimConfig.for_workload(
+        spec, cp_size=cp_size, page_size=page_size, pages_per_lane=pages_per_lane,
+        host_pages_per_lane=host_pages_per_lane, chunk_size=chunk_size, max_batch_tokens=max_batch_tokens,
+        logits_budget_mb=logits_budget_mb, colocated_decode=colocated_decode, seed=seed,
+        spec_draft_tokens=spec_draft_tokens, spec_accept_rate=spec_accept_rate,
+    )  # fmt: skip
+    hint = small_page_hint(config.page_size, min(config.lane_capacities))
+    if hint:
+        click.echo(f"cpkv: note: {hint}", err=True)
+    try:
+        result = run_simulation(config, spec, check_policies(list(policies)), out_dir=out_dir, progress=not no_progress)
+    except SimulationInterrupted as e:
+        raise click.exceptions.Abort(interrupted_line(e, out_dir)) from None  # main prints it on one line
+    click.echo(f"wrote {', '.join(str(p) for p in result.paths)}")
+
+
+SLOW_PAGE_SIZE = 16
+"""Below this many tokens per page ``simulate`` says why the replay is slow (``small_page_hint``)."""
+
+
+def small_page_hint(page_size: int, pages_per_lane: int) -> str | None:
+    """One line for a page size that makes the replay slow, else None.
+
+    The replay's cost grows with pages, not tokens: ``--page-size 1`` handles 64x the pages of the default
+    64 and replays about 10x slower or more (measured, synthetic workload), and ``pages_per_lane`` counts
+    pages, so the same pool holds 64x fewer tokens (more eviction, which costs time too).
+    """
+    if page_size >= SLOW_PAGE_SIZE:
+        return None
+    factor = SimConfig.page_size // page_size
+    return (f"--page-size {page_size} gives {factor}x the pages of --page-size {SimConfig.page_size}: the replay runs "
+            f"several times slower (10x or more at 1), and {pages_per_lane:,} pages per lane hold only "
+            f"{pages_per_lane * page_size:,} tokens")  # fmt: skip
+
+
+def interrupted_line(e, out_dir: Path) -> str:
+    """What a Ctrl-C during ``simulate`` kept, in one line (``e``: ``SimulationInterrupted``)."""
+    done = [r.policy for r in e.result.results]
+    if not done:
+        return "interrupted before any policy finished; nothing was written"
+    head = f"interrupted after {', '.join(done)} ({', '.join(e.pending)} not run)"
+    if e.write_error is not None:
+        return f"{head}; the table above has the finished results, but {e.write_error}"
+    return f"{head}; wrote the finished policies to {out_dir} (report.json status: interrupted)"
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Fail before any work when ``out_dir`` cannot receive the report files (InputError, exit 2).
+
+    Creates nothing: an existing ``out_dir`` must be a writable directory whose report names are free of
+    directories; a new one needs its nearest existing parent to be a writable directory.
+    """
+    from ..sim.report import OUTPUT_FILES
+
+    existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise InputError(f"--out {out_dir}: {existing} exists and is not a directory")
+    if not os.access(existing, os.W_OK):
+        raise InputError(f"--out {out_dir}: {existing} is not writable")
+    blocked = [name for name in OUTPUT_FILES if (out_dir / name).is_dir()]
+    if blocked:
+        raise InputError(f"--out {out_dir}: {', '.join(blocked)} is a directory")

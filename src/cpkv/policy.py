@@ -1,0 +1,191 @@
+"""Owner-policy rules: which lane owns a request's zigzag segment 0 (SPEC C-PHASE, C-ZIGZAG, C-BALANCED).
+
+Pure functions of lengths, batch positions and free pages per lane; no allocator, no plan:
+- ``rotation_phase``: ``(prefix_len // P + req_index) % C`` (C-PHASE), the one place it is written;
+- ``zigzag_rank_pages`` / ``zigzag_lane_pages``: a request's new pages per zigzag rank / lane (C-ZIGZAG);
+- ``balanced_phase`` / ``balanced_phases``: C-BALANCED's phase of each request of a batch (as amended: fit on
+  every new page, balance on the pages a request keeps);
+- ``one_page_lanes``: the lane of each new page of a batch whose requests take at most one new page each,
+  under any policy (``legacy``: 0; ``rotation``: the rotation phase; ``balanced``: C-BALANCED for one page);
+- ``follows_free_pages``: whether a policy's phases depend on the free pages (a plan made under other free
+  pages may differ).
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+import numpy as np
+
+from .config import BALANCED, LEGACY, ROTATION, CPConfig
+
+_I64 = np.int64
+
+
+def rotation_phase(prefix_len, req_index, page_size: int, cp_size: int):
+    """C-PHASE rotation phase ``(prefix_len // page_size + req_index) % cp_size``.
+
+    ``prefix_len`` and ``req_index`` are ints (the result is an int) or int64 arrays of one shape (the
+    result is an int64 array of that shape); ``page_size``, ``cp_size``: ints >= 1 (unchecked here).
+    Example P=64, C=4: prefix 130 at batch position 3 -> (2 + 3) % 4 = 1.
+    """
+    return (prefix_len // page_size + req_index) % cp_size
+
+
+def follows_free_pages(policy: str) -> bool:
+    """Whether ``policy`` chooses phases from the free pages per lane (``balanced``, C-BALANCED) rather than
+    from positions alone (``rotation``, ``legacy``)."""
+    return policy == BALANCED
+
+
+def zigzag_lane_pages(num_pages: int, phase: int, cp_size: int) -> np.ndarray:
+    """Pages per lane of a request with ``num_pages`` new pages and ``phase`` (C-ZIGZAG), int64 ``[C]``.
+
+    Zigzag rank z holds segments z and 2C-1-z, each ``m // 2C`` pages plus one for the first
+    ``m % 2C`` segments; lane ``(z + phase) % C``. Example m=16, C=4, phase 1 -> [4, 4, 4, 4];
+    m=3, C=4, phase 1 -> [0, 1, 1, 1]. O(C).
+    """
+    return np.roll(zigzag_rank_pages(np.array([num_pages], dtype=_I64), cp_size)[0], phase)
+
+
+def zigzag_rank_pages(num_pages: np.ndarray, cp_size: int) -> np.ndarray:
+    """Pages of each zigzag rank for requests of ``num_pages`` new pages (int64 ``[k]``), int64 ``[k, C]``
+    (C-ZIGZAG): rank z holds segments z and 2C-1-z, so ``2 * (m // 2C) + [z < m % 2C] + [2C-1-z < m % 2C]``.
+    Under phase f rank z's pages are on lane ``(z + f) % C`` (``zigzag_lane_pages``). Example m=3, C=4:
+    [1, 1, 1, 0]."""
+    C = cp_size
+    base, rem = np.divmod(num_pages, 2 * C)
+    z = np.arange(C, dtype=_I64)
+    return 2 * base[:, None] + (z < rem[:, None]) + (2 * C - 1 - z < rem[:, None])
+
+
+def balanced_phases(prefix_lens: np.ndarray, extend_lens: np.ndarray, free_pages: np.ndarray, page_size: int,
+                    cp_size: int) -> np.ndarray:  # fmt: skip
+    """C-BALANCED: each request's phase, requests in batch order (``balanced_phase``), ``[B]`` int64.
+
+    ``prefix_lens``, ``extend_lens``: int64 ``[B]`` (checked); ``free_pages``: int64 ``[C]`` free pages per
+    lane before the batch (not modified). Each request sees the free pages the earlier ones left and the
+    partly filled last pages they took (transient: freed after prefill, so balance counts only the pages a
+    request keeps). A request without new pages takes the rotation phase. Integers only, so every rank
+    makes the same choice. Example C=2, P=1, free [4, 5], one 8-token prompt in chunks of 3, 3, 2: phases
+    0, 1, 0 (free [3, 3], [1, 2], [0, 1]); C=2, Q=2 (free [1, 2]): one-token batches get lanes 1, then 0.
+    """
+    L0, E, P, C = prefix_lens, extend_lens, page_size, cp_size
+    end = L0 + E
+    m = -(-end // P) - -(-L0 // P)  # [B] new pages
+    rotation = rotation_phase(L0, np.arange(L0.shape[0], dtype=_I64), P, C)  # [B]
+    phases = rotation.copy()
+    if C == 1:
+        return phases
+    rows = m.nonzero()[0]
+    free = free_pages.tolist()  # [C] Python ints: a few requests of C lanes cost less than numpy calls
+    transient = [0] * C
+    partial = (end[rows] % P != 0).tolist()
+    for i, pages, f, part in zip(rows.tolist(), m[rows].tolist(), rotation[rows].tolist(), partial, strict=True):
+        phases[i] = balanced_phase(free, transient, pages, f, part)
+    return phases
+
+
+def balanced_phase(free: list[int], transient: list[int], m: int, rotation: int, partial: bool) -> int:
+    """C-BALANCED phase of one request of ``m >= 1`` new pages (the one rule, also for one-page requests).
+
+    ``free``: each lane's free pages (``C`` ints) after the batch's earlier requests; ``transient``: the
+    partly filled last pages those requests took per lane (``t_r``); both are updated here by this
+    request's pages. ``partial``: whether the extend leaves its last new page partly filled
+    (``(L0 + E) % P != 0``), which makes that page transient: not kept (``k_r``), yet it must fit.
+    With ``g_r = free_r + t_r`` the phase maximises, in order, (0) whether every lane fits,
+    (1) ``min_r(g_r - k_r(f))`` then ``sum_r k_r(f) * g_r`` when the request keeps a page, else
+    ``min_r(free_r - n_r(f))`` then ``sum_r n_r(f) * free_r``, then takes (2) the first such phase
+    cyclically from ``rotation``.
+
+    O(C) integer work. C-ZIGZAG gives zigzag rank z ``2 * (m // 2C) + [z < rem] + [2C-1-z < rem]`` pages
+    (``rem = m % 2C``): ``K`` on every rank plus one on a window of ``w < C`` consecutive ranks from rank
+    ``s``; phase f moves rank z to lane ``(z + f) % C``. ``rem < C``: ``K = 2 * (m // 2C)``, window
+    ``[0, rem)``; ``rem >= C``: ``K = 2 * (m // 2C) + 1``, window ``[2C - rem, C)``. The last page is on rank
+    ``zl`` (0 when ``m >= 2C``, else the rank of segment ``m - 1``), lane ``(zl + f) % C``. Each criterion is
+    then a window count or sum over prefix sums of the doubled lane arrays:
+    ``min_r(x_r - n_r(f)) = min(x) - K - [the window holds a least-x lane]``; with the transient page the
+    minimum of ``e_r = g_r - K - [r in window]`` rises by one exactly when its only minimiser is the
+    last page's lane. Examples: C=4, free [7, 8, 8, 8], m=3 (whole pages), rotation 0: only phase 1
+    (lanes 1-3) leaves out lane 0, the least free; C=8, a fresh pool, eight 65-token prompts of P=64 in
+    one batch (m=2, the second page transient): phases 1, 2, 3, 4, 5, 6, 7, 7.
+    """
+    C = len(free)
+    if m == 1:  # one page: the window is the page's own lane f
+        if partial:  # keeps nothing: the lane with the most free pages
+            most, f = max(free), rotation
+            while free[f] != most:
+                f = f + 1 if f + 1 < C else 0
+            transient[f] += 1
+        else:  # keeps it: most free + transient pages among the lanes with a free page (criterion 0)
+            fits = any(v > 0 for v in free)
+            best, f = None, rotation
+            for d in range(C):
+                j = (rotation + d) % C
+                if fits and free[j] <= 0:
+                    continue
+                if best is None or free[j] + transient[j] > best:
+                    best, f = free[j] + transient[j], j
+        free[f] -= 1
+        return f
+    q, rem = divmod(m, 2 * C)
+    K, w, s = (2 * q, rem, 0) if rem < C else (2 * q + 1, rem - C, 2 * C - rem)  # rem = C: K + 1 everywhere
+    zl = 0 if m >= 2 * C else (m - 1 if m <= C else 2 * C - m)  # zigzag rank of the last page
+    last_in_window = s <= zl < s + w
+    least = min(free)
+    low = list(accumulate([v == least for v in free + free], initial=0))  # least-free lanes
+    g_ = [a + b for a, b in zip(free, transient, strict=True)]  # g_r: m > 1 keeps at least one page
+    gl = min(g_)
+    gsum = sum(g_)
+    gs = list(accumulate(g_ + g_, initial=0))  # window [g, g + w) holds gs[g + w] - gs[g]
+    g0 = list(accumulate([v == gl for v in g_ + g_], initial=0))  # least-g lanes
+    g1 = list(accumulate([v == gl + 1 for v in g_ + g_], initial=0)) if partial else None
+    best, f = None, rotation
+    for d in range(C):
+        ph = (rotation + d) % C
+        g = (ph + s) % C  # the window's first lane
+        fit = least - K - (low[g + w] > low[g]) >= 0
+        a = g0[g + w] - g0[g]  # least-g lanes in the window
+        mn = gl - K - (a > 0)  # min_r(g_r - n_r)
+        wsum = gsum * K + gs[g + w] - gs[g]  # sum_r n_r * g_r
+        if partial:  # the last page is transient: it counts for the fit, not in k_r
+            L = (zl + ph) % C
+            if g_[L] - K - last_in_window == mn and (a if a else g1[g + w] - g1[g] + g0[C]) == 1:
+                mn += 1  # the last page's lane was the only one at the minimum
+            wsum -= g_[L]
+        key = (fit, mn, wsum)
+        if best is None or key > best:
+            best, f = key, ph
+    g = (f + s) % C
+    for j in range(g, g + w):
+        free[j if j < C else j - C] -= 1
+    if K:
+        free[:] = [v - K for v in free]
+    if partial:
+        transient[(zl + f) % C] += 1
+    return f
+
+
+def one_page_lanes(prefix_lens: np.ndarray, extend_lens: np.ndarray | None, new_rows: np.ndarray,
+                   free_pages: np.ndarray, config: CPConfig) -> list[int]:  # fmt: skip
+    """Lane of each new page of a batch whose requests take at most one new page each, requests in batch
+    order (each sees the pages of the earlier ones): a list of ``len(new_rows)`` ints.
+
+    ``prefix_lens``: int64 ``[B]``; ``extend_lens``: int64 ``[B]``, or None for one token each (decode);
+    ``new_rows``: int64 ``[k]`` requests that take a page (their batch positions), ascending;
+    ``free_pages``: int64 ``[C]`` free pages per lane (not modified). With one new page, C-ZIGZAG puts it in
+    segment 0, owned by the request's phase, so this is the phase under ``config.owner_policy``: ``legacy``
+    0, ``rotation`` the rotation phase, ``balanced`` ``balanced_phase`` with one page (the one rule).
+    Example C=4, balanced, free [5, 7, 7, 6], one-token requests (partly filled pages, kept by none) with
+    rotation phases [3, 0]: lanes [1, 2].
+    """
+    C, k = config.cp_size, new_rows.shape[0]
+    if C == 1 or config.owner_policy == LEGACY:
+        return [0] * k
+    P = config.page_size
+    rotation = rotation_phase(prefix_lens[new_rows], new_rows, P, C).tolist()
+    if config.owner_policy == ROTATION:
+        return rotation
+    end = (prefix_lens[new_rows] + (1 if extend_lens is None else extend_lens[new_rows])).tolist()
+    free, transient = free_pages.tolist(), [0] * C
+    return [balanced_phase(free, transient, 1, f, e % P != 0) for f, e in zip(rotation, end, strict=True)]

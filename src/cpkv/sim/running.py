@@ -1,0 +1,37 @@
+"""The simulator's record of one admitted request: prompt, ``req_to_token`` row and progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .trace import Request
+
+
+@dataclass(eq=False)
+class RunningRequest:
+    """A request admitted to the group: its prompt, ``req_to_token`` row and progress (tokens).
+
+    ``done`` counts the positions whose KV exists while it prefills (cached prefix + computed); once its
+    prefill is over, ``done`` is its prompt and ``decoded`` its output positions with KV. A request a
+    retraction dropped while decoding comes back with ``redo`` emitted tokens to prefill after its prompt
+    (their KV was freed), then decodes the rest.
+    """
+
+    req: Request
+    token_ids: np.ndarray  # [input_length] int64
+    slots: np.ndarray  # [input_length + output_length] int64 req_to_token row; only [:done + decoded] is set
+    done: int  # tokens whose KV exists (cached prefix + computed)
+    handle: object  # lock handle of the matched prefix
+    own_pages: list = field(default_factory=list)  # arrays of pages allocated for this request
+    decoded: int = 0
+    redo: int = 0  # output tokens whose KV a retraction dropped: prefilled again after the prompt
+
+    @property
+    def remaining(self) -> int:
+        return self.req.input_length + self.redo - self.done
+
+    @property
+    def last_loc(self) -> int:
+        return int(self.slots[self.done - 1]) if self.done else -1
