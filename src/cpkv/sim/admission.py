@@ -151,6 +151,12 @@ class StepBuilder:
                 hi = mid - 1
         if lo < shortest and first[0] == "lane" and self.make_free_page():
             lo = shortest if size(shortest) is None else 0  # balanced sees the page made free
+        if self.whole and lo < shortest and first[0] == "lane" and follows_free_pages(self.alloc.config.owner_policy):
+            # all K slots or none, on lanes chosen from free pages: evictable pages count as room but not
+            # for the phase choice, so free them until a phase fits
+            while size(shortest) is not None and self.make_free_page(anywhere=True):
+                pass
+            lo = shortest if size(shortest) is None else 0
         if lo >= shortest:
             self._accept(key, prefix_len, chunk(lo), last_loc)
         return Fit(self._E[-1] if lo >= shortest else 0, *first)
@@ -235,10 +241,11 @@ class StepBuilder:
             return list(self.keys), a, logits if logits is not None else mqa_logits_elements(plan)
         return None
 
-    def make_free_page(self) -> bool:
-        """When no lane has a free page but some has evictable ones, evict one page of the lane with the
-        most, so a phase that follows free pages (``balanced``) can pick it; True if a page was freed."""
-        if self.alloc.total_free_pages or not self.cache.evictable_pages_per_lane().any():
+    def make_free_page(self, *, anywhere: bool = False) -> bool:
+        """When no lane has a free page (or, ``anywhere``, whatever the free pages) but some lane has
+        evictable ones, evict one page of the lane with the most, so a phase that follows free pages
+        (``balanced``) can pick it; True if a page was freed."""
+        if (self.alloc.total_free_pages and not anywhere) or not self.cache.evictable_pages_per_lane().any():
             return False
         lane = int(np.argmax(self.cache.evictable_pages_per_lane()))
         freed = self.cache.evict(lane, 1)

@@ -370,7 +370,7 @@ class PolicyRun:
         lane = stuck_alone(self.cfg, self.policy, held, kv, last_page, step)
         if lane >= 0:
             self._reject(oldest, lane_reason(self.policy, lane, int(self.alloc.capacity_per_lane[lane]), "its own pages"))
-        elif self.decoding:
+        elif self.decoding and len(self.running) + len(self.decoding) > 1:  # alone, a retraction frees nothing
             self._retract(max(self.decoding, key=lambda r: r.req.req_id))
 
     def _retract(self, r: RunningRequest) -> None:

@@ -108,6 +108,15 @@ FOUND = [
     ("balanced", dict(cp_size=6, page_size=1, pages_per_lane=(2, 4, 10, 3, 14, 8), chunk_size=8,
                       max_batch_tokens=64, spec_draft_tokens=4, spec_accept_rate=0),
      [(0.0, 6, 1, (0,)), (0.0, 1, 0, (0,)), (0.0, 1, 0, (1,)), (0.0, 8, 2, (160,)), (3.0, 5, 1, (0,))]),
+    # balanced, MTP K=3 at P=2, a request alone: its two draft pages fit free + evictable pages on lanes
+    # (1, 2), but the phase choice sees free pages only ([0, 0, 0, 1]); it was retracted and re-admitted
+    # forever. The decode step now evicts until a phase fits, and a request alone is never retracted.
+    ("balanced", dict(cp_size=4, page_size=2, pages_per_lane=3, chunk_size=1, max_batch_tokens=4, max_running=3,
+                      spec_draft_tokens=3, spec_accept_rate=0.5, logits_budget_mb=0.001194000244140625),
+     [(1.0, 6, 3, (0,)), (2.0, 16, 4, (110,)), (3.0, 8, 4, (1,)), (4.0, 16, 1, (1,)), (44.0, 16, 4, (0,)),
+      (84.0, 6, 0, (1,)), (84.0, 1, 4, (160,)), (124.0, 12, 4, (0,)), (125.0, 10, 1, (0,)), (126.0, 4, 0, (190,)),
+      (166.0, 12, 0, (200,)), (206.0, 3, 2, (1,)), (207.0, 3, 3, (220,)), (247.0, 2, 0, (1,)), (248.0, 15, 2, (0,)),
+      (248.0, 13, 0, (1,)), (288.0, 4, 2, (260,)), (289.0, 3, 4, (0,))]),
 ]  # fmt: skip
 
 
