@@ -15,6 +15,7 @@ from .case import DistCase, host_hooks, run_case, run_cases
 from .errors import (
     DistError,
     InjectedFault,
+    LaneReadError,
     LaneWriteError,
     LaunchError,
     RankOrderError,
@@ -41,6 +42,7 @@ __all__ = [
     "ForwardRecord",
     "InjectedFault",
     "KVBuffer",
+    "LaneReadError",
     "LaneWriteError",
     "LaunchError",
     "RankGroup",

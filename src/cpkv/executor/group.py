@@ -75,6 +75,8 @@ class RankGroup:
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (every rank has a GPU).
         device: torch device for compute and collectives (``cpu`` or ``cuda:<local rank>``).
         pg: the process group (None: the default group).
+        single_host: every rank runs on this host (``LOCAL_WORLD_SIZE`` equals ``world_size``, or unset);
+            False for a torchrun world over several nodes, where no ``/dev/shm`` file spans the group.
     """
 
     rank: int
@@ -82,6 +84,7 @@ class RankGroup:
     backend: str
     device: torch.device
     pg: dist.ProcessGroup | None = None
+    single_host: bool = True
 
     @classmethod
     def init(
@@ -123,7 +126,8 @@ class RankGroup:
             backend, init_method=init_method, rank=rank, world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )  # fmt: skip
-        group = cls(rank=rank, world_size=world_size, backend=backend, device=device)
+        single_host = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) == world_size
+        group = cls(rank=rank, world_size=world_size, backend=backend, device=device, single_host=single_host)
         group.self_check()
         return group
 
@@ -206,6 +210,31 @@ class RankGroup:
         out = torch.empty(self.world_size * M, d, dtype=local.dtype, device=self.device)
         dist.all_gather(list(out.split(M)), padded, group=self.pg)
         return out
+
+    def exchange_rows(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
+        """All-to-all of rows with exact sizes, no padding (``all_to_all_single``; C-MERGE's exchanges).
+
+        Args:
+            send: ``[sum(send_counts), ...]``: the rows for rank 0, then for rank 1, ... (this rank's own
+                share included; it stays local).
+            send_counts: ``[C]`` rows for each rank. recv_counts: ``[C]`` rows to receive from each rank.
+
+        Returns:
+            ``[sum(recv_counts), ...]``: rank 0's rows for this rank, then rank 1's, ...
+        """
+        out = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=self.device)
+        if self.world_size == 1:
+            out.copy_(send)
+            return out
+        dist.all_to_all_single(out, send.contiguous(), output_split_sizes=list(recv_counts),
+                               input_split_sizes=list(send_counts), group=self.pg)  # fmt: skip
+        return out
+
+    def all_true(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank (``all_reduce(MIN)``; collective)."""
+        t = torch.tensor([int(bool(flag))], dtype=torch.int32, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.pg)
+        return bool(t.item())
 
     def broadcast_object(self, obj: T, src: int = 0) -> T:
         """Rank ``src``'s ``obj`` (picklable) on every rank."""

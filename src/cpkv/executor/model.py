@@ -33,6 +33,9 @@ KV_MODES = ("mla", "mha")
 ATTENTIONS = ("dense", "nsa")
 INDEXER_SEED_OFFSET = 1_000_003
 """The indexer's weights are drawn from ``seed + INDEXER_SEED_OFFSET`` (a generator of their own)."""
+LM_HEAD_SEED_OFFSET = 999_983
+"""The LM head (greedy decoding) is drawn from ``seed + LM_HEAD_SEED_OFFSET`` (below the indexer's offset,
+so every allowed seed stays a uint64)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +150,8 @@ class TinyDecoder:
         config: ``TinyDecoderConfig``; weights are drawn from ``torch.Generator().manual_seed(seed)`` on
             the CPU, then moved, so every process and device gets the same values. The indexer's weights
             come from a second generator (``seed + INDEXER_SEED_OFFSET``), so an ``nsa`` model has exactly
-            the weights of the dense model of the same seed plus its indexer.
+            the weights of the dense model of the same seed plus its indexer; the LM head ``[hidden,
+            vocab]`` of greedy decoding from a third (``seed + LM_HEAD_SEED_OFFSET``).
         device: torch device of the weights and of every result.
     """
 
@@ -182,6 +186,7 @@ class TinyDecoder:
                          w_gate_i=w(H, IH, gen=gi))  # fmt: skip
             self.layers.append(p)
         self.final_norm_w = norm_w(H)
+        self.lm_head = w(H, c.vocab_size, gen=torch.Generator().manual_seed(c.seed + LM_HEAD_SEED_OFFSET))
 
     # ------------------------------------------------------------------------------------------ layers
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -301,9 +306,17 @@ class TinyDecoder:
         """Tied-embedding logits of final hidden states ``[n, hidden] -> [n, vocab]``."""
         return h @ self.embedding.T
 
+    def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LM-head logits of final hidden states ``[n, hidden] -> [n, vocab]`` float32 (greedy decoding)."""
+        return h @ self.lm_head
+
+    def next_tokens(self, h: torch.Tensor) -> torch.Tensor:
+        """Greedy next token of each final hidden state ``[n, hidden]``: ``[n]`` int64, ties to the lower id."""
+        return torch.argmax(self.lm_logits(h), dim=-1)
+
     def weights_digest(self) -> float:
         """Sum of all weights as a float64 checksum (equal in every process built from the same seed)."""
-        tensors = [self.embedding, self.final_norm_w] + [t for p in self.layers for t in p.values()]
+        tensors = [self.embedding, self.final_norm_w, self.lm_head] + [t for p in self.layers for t in p.values()]
         return float(sum(t.double().sum().item() for t in tensors))
 
     # ------------------------------------------------------------------------------------- reference

@@ -34,9 +34,10 @@ class Workload:
     forwards: tuple[tuple[tuple[int, int], ...], ...]
     flush_before: frozenset[int] = frozenset()
 
-    def total_pages(self, page_size: int) -> int:
-        """Pages that hold every request at once: ``sum(ceil(len / P))`` (an upper bound on live pages)."""
-        return sum(-(-len(t) // page_size) for t in self.requests)
+    def total_pages(self, page_size: int, extra_tokens: int = 0) -> int:
+        """Pages that hold every request at once, each with ``extra_tokens`` more (decode):
+        ``sum(ceil((len + extra) / P))`` (an upper bound on live pages)."""
+        return sum(-(-(len(t) + extra_tokens) // page_size) for t in self.requests)
 
 
 def split_lengths(total: int, parts: int) -> list[int]:
