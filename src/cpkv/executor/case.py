@@ -150,6 +150,7 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
     reference: dict = {}
     records, audits, written, decodes = [], [], [], []
     n_forwards = len(case.workload.forwards)
+    held: dict[int, torch.Tensor] = {}  # decode: request id -> hidden state of its last prompt position
     for f in range(n_forwards):
         batch = group.run(f"forward {f}: schedule", sched.schedule, f)
         if case.check_replicas:
@@ -161,15 +162,20 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
             group.run(f"forward {f}: record", record_forward, batch, out, sched, model, reference, rank, local)
         )
         group.run(f"forward {f}: finish", sched.finish, batch)
-        done = sched.take_prompt_done()
-        if done:  # decode the requests whose prompts this forward finished, then release them
+        rids, ind = batch.request_ids.tolist(), batch.alloc.plan.extend_indptr
+        for rid in sched.take_prompt_done():  # held for decode, with its last position's hidden state
+            held[rid] = out.hidden[int(ind[rids.index(rid) + 1]) - 1]
+        if held and (f in case.workload.decode_after or f == n_forwards - 1):
             first = n_forwards + case.decode_steps * len(decodes)
-            dec, locs = run_decode(group, sched, executor, model, batch, out, done, case.decode_steps, first,
-                                   local=local, check_replicas=case.check_replicas)  # fmt: skip
+            dec, locs, dec_audits = run_decode(group, sched, executor, model, list(held), torch.stack(list(held.values())),
+                                               f, case.decode_steps, first, local=local,
+                                               check_replicas=case.check_replicas)  # fmt: skip
             decodes.append(dec)
             written.extend(locs)
-            for rid in done:
+            audits.extend(dec_audits)
+            for rid in held:
                 group.run(f"decode {first}: release request {rid}", sched.release, rid)
+            held = {}
     if local:  # each rank checks its own lane, the only one it holds
         intact = group.all_true(all(_unwritten_rows_intact(kv, written, restored, P) for kv in pools.values()))
         intact = intact if rank == 0 else None
@@ -185,6 +191,7 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
         lane_pages_used=_lane_pages_used(written, restored, C, P),
         cache_counters=sched.cache.counters() if sched.cache else {}, wall_s=time.perf_counter() - t0,
         kv_access=case.kv_access, decodes=decodes,
+        pool_rows={name: int(kv.storage.shape[1]) for name, kv in pools.items()},
     )  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 """Greedy decode on owner lanes after a CP prefill (SPEC C-MERGE "Decode", C-OWNER-EQ-COMPUTE).
 
-The requests whose prompts finish in one forward are decoded together, ``steps`` tokens each. Step j:
+The requests whose prompts are done at the end of a wave (``Workload.decode_after``) are decoded together,
+``steps`` tokens each. Step j:
 
 1. every rank takes the greedy token of each request from the gathered final hidden state of its last
    position (``TinyDecoder.next_tokens``, the seeded LM head): the same tokens on every rank, bit for bit;
@@ -22,16 +23,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .forward import CPExecutor, ForwardOutput
+from .forward import CPExecutor
 from .group import RankGroup
 from .model import TinyDecoder
 from .records import comm_dict, logits_estimate
-from .scheduler import ForwardBatch, ReplicatedScheduler
+from .scheduler import ReplicatedScheduler
 
 
 @dataclass(frozen=True, eq=False)
 class DecodeRecord:
-    """One decode batch (the requests whose prompts finished in forward ``after_forward``), one rank.
+    """One decode batch (the requests held when forward ``after_forward`` ended), one rank.
 
     Attributes:
         after_forward: the prefill forward after which it ran. request_ids, prompt_lens: ``[B]``.
@@ -40,6 +41,7 @@ class DecodeRecord:
         token_lanes: ``[B][N]`` lane of each decode token's page, i.e. the rank that computed it.
         per_rank_tokens: ``[C]`` decode tokens each rank computed over the steps.
         phases: ``[N][B]`` owner phase of each step's plan.
+        page_lanes: ``[B]`` lists, the lane of each page of each request after the last step.
         comm_bytes: per step ``{kind: {"sent": [C], "recv": [C]}}`` (``records.comm_dict``).
         logits_measured, logits_estimated: ``nsa``: per step ``[C][layers]`` and ``[C]`` (else None).
         reference_tokens: rank 0: ``[B][N]`` the reference's greedy choice at each step.
@@ -60,6 +62,7 @@ class DecodeRecord:
     token_lanes: list[list[int]]
     per_rank_tokens: list[int]
     phases: list[list[int]]
+    page_lanes: list[list[int]]
     comm_bytes: list[dict]
     logits_measured: list[list[list[int]]] | None = None
     logits_estimated: list[list[int]] | None = None
@@ -87,33 +90,34 @@ class DecodeRecord:
 
 
 def run_decode(
-    group: RankGroup, sched: ReplicatedScheduler, executor: CPExecutor, model: TinyDecoder, batch: ForwardBatch,
-    out: ForwardOutput, request_ids: list[int], steps: int, first_index: int, *, local: bool, check_replicas: bool,
-) -> tuple[DecodeRecord, list[torch.Tensor]]:  # fmt: skip
-    """Decode held requests ``request_ids`` (prompts finished in ``batch``) for ``steps`` steps (collective).
+    group: RankGroup, sched: ReplicatedScheduler, executor: CPExecutor, model: TinyDecoder, request_ids: list[int],
+    last_hidden: torch.Tensor, after_forward: int, steps: int, first_index: int, *, local: bool,
+    check_replicas: bool,
+):  # fmt: skip
+    """Decode held requests ``request_ids`` for ``steps`` steps (collective).
 
     Args:
-        group, sched, executor, model: the case's. batch, out: the prefill forward that finished the prompts
-            (its gathered hidden state of each request's last position gives the first token).
-        request_ids: held requests, in the order they finished. steps: N >= 1. first_index: batch index of
-            the first step (after the workload's forwards). local: ``kv_access == "local"`` (which logits
-            formula applies). check_replicas: all-gather the scheduler digest after every step.
+        group, sched, executor, model: the case's.
+        request_ids: held requests (prompts done), in the order they finished.
+        last_hidden: ``[B, hidden]`` gathered final hidden state of each request's last prompt position
+            (the same on every rank): it gives the first token.
+        after_forward: the workload forward after which they are decoded. steps: N >= 1. first_index: batch
+            index of the first step (after the workload's forwards). local: ``kv_access == "local"`` (which
+            logits formula applies). check_replicas: all-gather the scheduler digest after every step.
 
     Returns:
-        ``(DecodeRecord, [N] out_cache_loc of every step)``; on rank 0 the record holds the comparison with
-        the reference (``record_decode``).
+        ``(DecodeRecord, [N] out_cache_loc of every step, the steps' WriteAudit list)``; on rank 0 the
+        record holds the comparison with the reference (``record_decode``).
     """
-    rids = batch.request_ids.tolist()
-    ind = batch.alloc.plan.extend_indptr
-    h = out.hidden[[int(ind[rids.index(r) + 1]) - 1 for r in request_ids]]  # [B, hidden] last prompt positions
-    last_hidden = h.cpu().numpy()
-    tokens, lanes, phases, comm, measured, estimated, hidden, topk, locs = ([] for _ in range(9))
-    C = group.world_size
+    h = last_hidden
+    tokens, lanes, phases, comm, measured, estimated, hidden, topk, locs, audits = ([] for _ in range(10))
+    C, P = group.world_size, sched.config.page_size
     per_rank = np.zeros(C, dtype=np.int64)
     for j in range(steps):
         index = first_index + j
-        step_tokens = group.run(f"decode {index}: greedy tokens", lambda h=h: model.next_tokens(h).cpu().tolist())
-        step = group.run(f"decode {index}: schedule", sched.schedule_decode, index, request_ids, step_tokens)
+        step = group.run(f"decode {index}: greedy tokens + schedule", lambda h=h, index=index: sched.schedule_decode(
+            index, request_ids, model.next_tokens(h).cpu().tolist()))  # fmt: skip
+        step_tokens = step.token_ids.cpu().tolist()
         if check_replicas:
             group.check_replicas(sched.digest(), f"decode {index}: schedule")
         res = executor.forward(step)
@@ -125,6 +129,7 @@ def run_decode(
         per_rank += plan.per_rank_tokens
         comm.append(comm_dict(res.comm_bytes))
         locs.append(step.out_cache_loc.cpu())
+        audits.extend(res.audits)
         if res.logits_elements is not None:
             measured.append(res.logits_elements.tolist())
             estimated.append(logits_estimate(step, local).tolist())
@@ -132,19 +137,21 @@ def run_decode(
         if res.topk is not None:
             topk.append(res.topk.cpu())
     record = DecodeRecord(
-        after_forward=batch.index, request_ids=list(request_ids),
+        after_forward=after_forward, request_ids=list(request_ids),
         prompt_lens=[len(sched.workload.requests[r]) for r in request_ids], steps=steps, first_index=first_index,
         tokens=[list(t) for t in zip(*tokens, strict=True)], token_lanes=[list(t) for t in zip(*lanes, strict=True)],
         per_rank_tokens=per_rank.tolist(), phases=phases, comm_bytes=comm,
+        page_lanes=[((sched.req_to_token[r][::P] // P) % C).tolist() for r in request_ids],
         logits_measured=measured or None, logits_estimated=estimated or None,
         hidden=torch.stack(hidden).numpy() if group.rank == 0 else None,
         topk=torch.stack(topk).numpy() if topk and group.rank == 0 else None,
     )  # fmt: skip
     if group.rank == 0:
-        record = group.run(f"decode {first_index}: record", record_decode, record, sched, model, last_hidden)
+        record = group.run(f"decode {first_index}: record", record_decode, record, sched, model,
+                           last_hidden.cpu().numpy())  # fmt: skip
     else:
         group.barrier_ok(f"decode {first_index}: record")
-    return record, locs
+    return record, locs, audits
 
 
 def record_decode(record: DecodeRecord, sched: ReplicatedScheduler, model: TinyDecoder,

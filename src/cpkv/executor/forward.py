@@ -112,6 +112,8 @@ class ForwardOutput:
             ``local``, ``local_logits_elements``).
         comm_bytes: ``[C, 2 * len(COMM_KINDS)]`` int64 bytes each rank sent (then received) per kind of
             exchange over all layers (``COMM_KINDS``; all zero under ``shared``).
+        topk_digest: ``nsa`` under ``local``: SHA-256 of every global top-k this rank computed (checked
+            equal on every rank before the forward returns).
     """
 
     hidden: torch.Tensor
@@ -120,6 +122,7 @@ class ForwardOutput:
     topk: torch.Tensor | None = None
     logits_elements: np.ndarray | None = None
     comm_bytes: np.ndarray | None = None
+    topk_digest: str | None = None
 
 
 class CPExecutor:
@@ -177,22 +180,29 @@ class CPExecutor:
         own = np.flatnonzero(plan.token_owner == g.rank)  # [n_r] ascending flat token indices
         idx = torch.from_numpy(own).to(g.device)
         loc, pos, req = batch.out_cache_loc[idx], batch.positions[idx], batch.token_req[own]
-        lp = g.run(f"forward {f}: local plan", self.local.prepare, batch) if self.local else None
-        runs = g.run(f"forward {f}: position runs", rank_runs, plan, g.rank, own) if nsa and not lp else None
-        h = g.run(f"forward {f}: embed", self.model.embed, batch.token_ids[idx])
+        lp = runs = None
+        if self.local is not None:
+            lp, h = g.run(f"forward {f}: local plan + embed",
+                          lambda: (self.local.prepare(batch), self.model.embed(batch.token_ids[idx])))  # type: ignore[union-attr]  # fmt: skip
+        else:
+            runs = g.run(f"forward {f}: position runs", rank_runs, plan, g.rank, own) if nsa else None
+            h = g.run(f"forward {f}: embed", self.model.embed, batch.token_ids[idx])
         audits: list[WriteAudit] = []
         topks, elements = [], []
         for layer in range(self.model.config.num_layers):
             where = f"forward {f} layer {layer}"
+            q_own = None
             if self.audit_writes:
                 x, layer_audits = self._audited_write(where, f, layer, h, pos, loc)
                 audits.extend(layer_audits)
+            elif self.local is not None:  # one step: the own rows into the own lane, the own queries
+                x, q_own = g.run(f"{where}: K/V write + queries", self._write_kv_queries, layer, h, pos, loc)
             else:
                 x = g.run(f"{where}: K/V write (write fence)", self._write_kv, layer, h, pos, loc)
             for pool in self.pools.values():
                 pool.publish(g, layer)
             if self.local is not None:
-                h, topk, n = self.local.layer(where, layer, h, x, lp, batch)  # type: ignore[arg-type]
+                h, topk, n = self.local.layer(where, layer, h, x, lp, batch, q_own)  # type: ignore[arg-type]
                 if nsa:
                     topks.append(topk)
                     elements.append(n)
@@ -205,28 +215,28 @@ class CPExecutor:
                 h = g.run(f"{where}: attention + MLP", self._attend_mlp, layer, h, x, pos, req, batch)
         out = g.run(f"forward {f}: final norm", self.model.final_norm, h)
         hidden = gather_back(g, out, plan)
-        comm = self._comm_bytes()
+        digest = None
+        if self.local is not None:  # one all-gather: bytes, logits counts, top-k digests (checked equal)
+            comm, counts, digest = self.local.summary(elements, f"forward {f}")
+        else:
+            comm = np.zeros((g.world_size, 2 * len(COMM_KINDS)), dtype=np.int64)
+            if nsa:
+                counts = g.gather_rows(torch.tensor([elements], dtype=torch.int64, device=g.device), 1).cpu().numpy()
         if not nsa:
             return ForwardOutput(hidden=hidden, own_tokens=int(own.shape[0]), audits=tuple(audits), comm_bytes=comm)
-        if self.local is not None:  # every rank took the same global top-k of every query (C-MERGE)
-            g.check_replicas(self.local.topk_digest(), f"forward {f}: global top-k")
         topk = gather_back(g, torch.stack(topks, 1).flatten(1), plan).view(hidden.shape[0], len(topks), -1)
-        counts = g.gather_rows(torch.tensor([elements], dtype=torch.int64, device=g.device), 1)  # [C, layers]
         return ForwardOutput(hidden=hidden, own_tokens=int(own.shape[0]), audits=tuple(audits), topk=topk,
-                             logits_elements=counts.cpu().numpy(), comm_bytes=comm)  # fmt: skip
-
-    def _comm_bytes(self) -> np.ndarray:
-        """``[C, 2 * len(COMM_KINDS)]`` bytes sent / received per rank and kind (gathered; zeros if shared)."""
-        g = self.group
-        if self.local is None:
-            return np.zeros((g.world_size, 2 * len(COMM_KINDS)), dtype=np.int64)
-        row = torch.tensor([self.local.comm.row()], dtype=torch.int64, device=g.device)
-        return g.gather_rows(row, 1).cpu().numpy()
+                             logits_elements=counts, comm_bytes=comm, topk_digest=digest)  # fmt: skip
 
     # ---------------------------------------------------------------------------------------- steps
     def _write_kv(self, layer: int, h: torch.Tensor, pos: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
         """Attention input ``x`` of this rank's tokens, whose rows go to its own lane of each pool."""
         return self._write_rows(layer, h, pos, loc)[0]
+
+    def _write_kv_queries(self, layer: int, h, pos, loc) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_write_kv`` and, under ``local``, the own tokens' packed queries (``LocalAttention.queries``)."""
+        x = self._write_kv(layer, h, pos, loc)
+        return x, self.local.queries(layer, x, pos)  # type: ignore[union-attr]
 
     def _write_rows(self, layer, h, pos, loc) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x = self.model.attn_input(layer, h)

@@ -9,6 +9,7 @@ rank raises the same typed error and no rank is left blocked in a collective.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import pickle
 import socket
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -182,14 +184,19 @@ class RankGroup:
         return result  # type: ignore[return-value]
 
     def check_replicas(self, digest: str, where: str) -> None:
-        """All-gather ``digest`` (a string) and raise ``ReplicaDivergence`` on every rank if any differs."""
-        digests: list[str | None] = [None] * self.world_size
-        dist.all_gather_object(digests, digest, group=self.pg)
-        if len(set(digests)) != 1:
-            bad = [r for r, d in enumerate(digests) if d != digests[0]]
+        """Raise ``ReplicaDivergence`` on every rank if ``digest`` (a string) differs between ranks.
+
+        One all-gather of the string's SHA-256 (32 bytes per rank), not of the string itself.
+        """
+        sha = hashlib.sha256(digest.encode()).digest()
+        mine = torch.from_numpy(np.frombuffer(sha, dtype=np.int64).copy()).to(self.device)[None, :]
+        every = self.gather_rows(mine, 1).cpu().numpy()  # [C, 4]
+        bad = [r for r in range(self.world_size) if not np.array_equal(every[r], every[0])]
+        if bad:
+            shas = [every[r].tobytes().hex()[:12] for r in range(self.world_size)]
             raise ReplicaDivergence(
-                f"replicated scheduler state differs at {where}: ranks {bad} disagree with rank 0 "
-                f"(digests {[str(d)[:12] for d in digests]}); every rank must replay the same allocator calls"
+                f"replicated state differs at {where}: ranks {bad} disagree with rank 0 (SHA-256 of the "
+                f"digests {shas}); every rank must replay the same allocator calls and choices"
             )
 
     def gather_rows(self, local: torch.Tensor, max_rank_tokens: int) -> torch.Tensor:

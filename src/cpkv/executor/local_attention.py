@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from ..planner import BatchPlan
+from .errors import ReplicaDivergence
 from .group import RankGroup
 from .indexer import index_logits
 from .kv_buffer import KVBuffer
@@ -38,6 +40,9 @@ from .model import TinyDecoder
 from .nsa import flat_runs
 from .partial import attention_output, attention_queries, dense_partial, sparse_partial, value_width
 from .scheduler import ForwardBatch
+
+_MAX_POSITION = 2**31 - 1
+"""Top-k candidates travel as int32 positions."""
 
 COMM_KINDS = ("queries", "partials", "topk")
 """What ``kv_access = local`` exchanges: the all-gathered queries, the ``(O, LSE)`` partials sent to each
@@ -151,28 +156,54 @@ class LocalAttention:
             _, req, a, b, flat = flat_runs(plan)
             runs = [(i, b_j, f, f + b_j - a_j)
                     for i, a_j, b_j, f in zip(req.tolist(), a.tolist(), b.tolist(), flat.tolist(), strict=True)]  # fmt: skip
+        longest = max(int(t.shape[0]) for t in batch.kv_slots)
+        if longest > _MAX_POSITION:
+            raise ConfigError(f"kv_access=local exchanges int32 key positions; a request of {longest} tokens "
+                              f"is over {_MAX_POSITION}")  # fmt: skip
         dev = g.device
         return LocalPlan(counts=[int(o.shape[0]) for o in own_lists],
                          own=torch.from_numpy(own_lists[g.rank]).to(dev),
                          rank_order=torch.from_numpy(np.concatenate(own_lists)).to(dev),
                          requests=requests, runs=runs)  # fmt: skip
 
-    def topk_digest(self) -> str:
-        """SHA-256 of every global top-k this rank computed in the forward (equal on every rank)."""
-        return self._digest.hexdigest()
+    def summary(self, elements: list[int], where: str) -> tuple[np.ndarray, np.ndarray | None, str | None]:
+        """After a forward (collective): every rank's bytes, logits counts and top-k digest, in one all-gather.
+
+        Returns:
+            ``(comm [C, 2 * len(COMM_KINDS)] int64 sent-then-received bytes, counts [C, layers] int64 or None
+            (dense), this rank's SHA-256 hex of its global top-k rows or None (dense))``.
+
+        Raises:
+            ReplicaDivergence: (``nsa``) a rank took another global top-k than rank 0 (on every rank).
+        """
+        g, K = self.group, 2 * len(COMM_KINDS)
+        nsa = self.model.config.nsa
+        sha = np.frombuffer(self._digest.digest(), dtype=np.int64).tolist() if nsa else []
+        row = torch.tensor([self.comm.row() + list(elements) + sha], dtype=torch.int64, device=g.device)
+        every = g.gather_rows(row, 1).cpu().numpy()
+        if not nsa:
+            return every[:, :K], None, None
+        shas = every[:, K + len(elements) :]
+        bad = [r for r in range(g.world_size) if not np.array_equal(shas[r], shas[0])]
+        if bad:
+            raise ReplicaDivergence(f"{where}: ranks {bad} took another global top-k than rank 0; the merge of "
+                                    f"the candidates must give every rank the same rows (C-MERGE)")  # fmt: skip
+        return every[:, :K], every[:, K : K + len(elements)], self._digest.hexdigest()
 
     def layer(self, where: str, layer: int, h: torch.Tensor, x: torch.Tensor, lp: LocalPlan,
-              batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None, int]:  # fmt: skip
+              batch: ForwardBatch, q_own: torch.Tensor | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor | None, int]:  # fmt: skip
         """Attention and MLP of ``layer`` for this rank's tokens (collective).
 
         Args: ``h``/``x`` ``[n_r, hidden]`` hidden state and attention input of the own tokens; ``lp`` from
-        ``prepare``.
+        ``prepare``; ``q_own``: their ``queries`` if already computed (else computed here, in a step).
 
         Returns:
             ``(h [n_r, hidden], topk [n_r, index_topk] or None, logits elements materialised)``.
         """
         g, nsa = self.group, self.model.config.nsa
-        q_own = g.run(f"{where}: queries", self._queries, layer, x, batch.positions[lp.own])
+        if q_own is None:
+            q_own = g.run(f"{where}: queries", self.queries, layer, x, batch.positions[lp.own])
         q_all = self._all_gather_tokens(q_own, lp)
         if nsa:
             cand, elements = g.run(f"{where}: index logits + local top-k", self._candidates, layer, q_all,
@@ -198,8 +229,9 @@ class LocalAttention:
             widths += [c.index_heads * c.index_head_dim, c.index_heads]
         return widths
 
-    def _queries(self, layer: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """``[n_r, sum(widths)]`` packed query rows of the own tokens."""
+    def queries(self, layer: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Packed query rows ``[n_r, width]`` of tokens ``x [n_r, hidden]`` at ``pos [n_r]``: the attention
+        queries, then (``nsa``) the index queries ``q_I`` and gate weights ``w``."""
         parts = [attention_queries(self.model, layer, x, pos).flatten(1)]
         if self.model.config.nsa:
             q_i, w = self.model.index_queries(layer, x, pos)
@@ -294,11 +326,14 @@ class LocalAttention:
         return out.view(C, n_r, *part.shape[1:])
 
     def _all_gather_candidates(self, cand: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every rank's flat candidates ``[T]`` (logits, positions) as ``[C, T]`` each, rank order."""
+        """Every rank's flat candidates ``[T]`` (logits, positions) as ``[C, T]`` each, rank order.
+
+        One all-gather of ``[T, 2]`` int32: the logit's float32 bits and the position (8 bytes a candidate).
+        """
         g, C = self.group, self.group.world_size
-        out = []
-        for t in cand:
-            out.append(g.gather_rows(t[:, None], t.shape[0]).view(C, t.shape[0]))
-            b = (C - 1) * t.numel() * t.element_size()
-            self.comm.add("topk", b, b)
-        return out[0], out[1]
+        logit, pos = cand
+        packed = torch.stack((logit.view(torch.int32), pos.to(torch.int32)), dim=1)
+        out = g.gather_rows(packed, packed.shape[0]).view(C, -1, 2)
+        b = (C - 1) * packed.numel() * packed.element_size()
+        self.comm.add("topk", b, b)
+        return out[..., 0].contiguous().view(torch.float32), out[..., 1].to(torch.int64)

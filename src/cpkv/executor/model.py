@@ -61,6 +61,8 @@ class TinyDecoderConfig:
         index_head_dim: width of ``q_I`` heads and of ``k_I`` (default 128); the index-K pool row width.
         index_rope_dim: leading dims of ``q_I`` / ``k_I`` that get rotary embedding (default 64; even).
         index_topk: keys each query keeps, k (default 2048).
+        index_round: test knob: round ``q_I``, ``k_I`` and ``w`` to integers, so every index logit is a
+            small exact integer (the same in any summation order) and rows tie often (default False).
 
     Raises:
         ConfigError: a size below 1, an odd rotary width, an unknown ``kv_mode`` or ``attention``,
@@ -84,6 +86,7 @@ class TinyDecoderConfig:
     index_head_dim: int = 128
     index_rope_dim: int = 64
     index_topk: int = 2048
+    index_round: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "kv_lora_rank", "rope_dim",
@@ -262,8 +265,8 @@ class TinyDecoder:
         into the index-K pool (SPEC C-NSA).
         """
         c, p = self.config, self.layers[layer]
-        k = rms_norm(x @ p["w_ki"], p["ki_norm"], c.rms_eps)
-        return _rope_leading(k, positions, c.index_rope_dim, c.rope_theta)
+        k = _rope_leading(rms_norm(x @ p["w_ki"], p["ki_norm"], c.rms_eps), positions, c.index_rope_dim, c.rope_theta)
+        return k.round() if c.index_round else k
 
     def index_queries(
         self, layer: int, x: torch.Tensor, positions: torch.Tensor
@@ -276,7 +279,8 @@ class TinyDecoder:
         c, p = self.config, self.layers[layer]
         q = (x @ p["w_qi"]).view(x.shape[0], c.index_heads, c.index_head_dim)
         w = (x @ p["w_gate_i"]) * c.index_heads**-0.5
-        return _rope_leading(q, positions, c.index_rope_dim, c.rope_theta), w
+        q = _rope_leading(q, positions, c.index_rope_dim, c.rope_theta)
+        return (q.round(), w.round()) if c.index_round else (q, w)
 
     def sparse_attention(
         self, layer: int, x: torch.Tensor, positions: torch.Tensor, topk: torch.Tensor, read_rows

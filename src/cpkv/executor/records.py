@@ -41,6 +41,7 @@ class ForwardRecord:
         comm_bytes: ``{kind: {"sent": [C], "recv": [C]}}`` bytes each rank exchanged over all layers, per
             kind of ``COMM_KINDS`` (all zero under ``shared``).
         page_lanes: ``[B]`` lists, the lane of each page of each request's ``kv_slots`` (prefix and extend).
+        topk_digest: ``nsa`` under ``local``: this rank's SHA-256 of the forward's global top-k rows.
     """
 
     index: int
@@ -63,6 +64,7 @@ class ForwardRecord:
     topk_near_tie: int | None = None
     comm_bytes: dict | None = None
     page_lanes: list[list[int]] | None = None
+    topk_digest: str | None = None
 
     @property
     def logits_match(self) -> bool | None:
@@ -94,6 +96,8 @@ class CaseResult:
         wall_s: seconds the case took on this rank.
         kv_access: ``"shared"`` or ``"local"`` (SPEC C-MERGE).
         decodes: ``DecodeRecord`` per decode batch (``DistCase.decode_steps > 0``).
+        pool_rows: rows per layer this rank's storage holds, per pool (``C*Q*P`` for a view of every lane,
+            ``Q*P`` under ``local``: one lane).
     """
 
     name: str
@@ -113,6 +117,7 @@ class CaseResult:
     wall_s: float
     kv_access: str = "shared"
     decodes: list = field(default_factory=list)
+    pool_rows: dict = field(default_factory=dict)
 
     @property
     def per_rank_tokens(self) -> list[int]:
@@ -185,7 +190,7 @@ def record_forward(
         index=batch.index, request_ids=rids, prefix_lens=L0, extend_lens=E, cache_hit_tokens=hits,
         phases=plan.request_phases.tolist(), head_owners=plan.head_owners.tolist(),
         per_rank_tokens=plan.per_rank_tokens.tolist(), max_rank_tokens=plan.max_rank_tokens,
-        own_tokens=out.own_tokens, comm_bytes=comm_dict(out.comm_bytes),
+        own_tokens=out.own_tokens, comm_bytes=comm_dict(out.comm_bytes), topk_digest=out.topk_digest,
         page_lanes=[((s[:: plan.config.page_size] // plan.config.page_size) % plan.config.cp_size).tolist()
                     for s in (t.cpu().numpy() for t in batch.kv_slots)],
         **extra,

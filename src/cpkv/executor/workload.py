@@ -28,11 +28,14 @@ class Workload:
             position the request reaches; each request appears at most once per forward.
         flush_before: forward indices before which every unlocked prefix-cache page is evicted (written
             back to the host tier when it has room), so the forward's hits load back from host (C-RELOAD).
+        decode_after: forward indices after which the requests whose prompts are done are decoded
+            together (``DistCase.decode_steps``); after the last forward they always are.
     """
 
     requests: tuple[tuple[int, ...], ...]
     forwards: tuple[tuple[tuple[int, int], ...], ...]
     flush_before: frozenset[int] = frozenset()
+    decode_after: frozenset[int] = frozenset()
 
     def total_pages(self, page_size: int, extra_tokens: int = 0) -> int:
         """Pages that hold every request at once, each with ``extra_tokens`` more (decode):
@@ -66,7 +69,8 @@ def make_workload(
     With ``reuse``, a second wave: request ``B + i`` is request i's whole prompt plus ``max(1, E_i // 2)``
     fresh tokens, run in two forwards after wave 1; its first forward hits the prefix cache (page
     aligned), its second continues its own chunk. With ``reload`` the cache is flushed to the host tier
-    before wave 2, so those hits load back.
+    before wave 2, so those hits load back. Decode steps (``DistCase.decode_steps``) run at the end of
+    each wave, for the requests of that wave.
 
     Args:
         prefix_lens, extend_lens: ``[B]`` tokens per request (ints >= 0, ``extend_len >= 1`` each).
@@ -114,6 +118,7 @@ def make_workload(
         if step:
             forwards.append(step)
     flush: set[int] = set()
+    decode_after = {len(forwards) - 1}  # the end of wave 1
     if reuse or reload:
         fresh = [max(1, E // 2) for E in extend_lens]
         for i in range(B):
@@ -125,4 +130,5 @@ def make_workload(
         second = tuple((B + i, full[i]) for i in range(B) if fresh[i] // 2 > 0)
         if second:
             forwards.append(second)
-    return Workload(requests=tuple(requests), forwards=tuple(forwards), flush_before=frozenset(flush))
+    return Workload(requests=tuple(requests), forwards=tuple(forwards), flush_before=frozenset(flush),
+                    decode_after=frozenset(decode_after))  # fmt: skip
