@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import oracle
-from cpkv import CPConfig, OwnerLaneAllocator, PlanError
+from cpkv import ConfigError, CPConfig, OwnerLaneAllocator, PlanError
 from cpkv.executor import (
+    DistCase,
     DistError,
     KVBuffer,
     LaneReadError,
@@ -25,6 +26,7 @@ from cpkv.executor import (
     TinyDecoderConfig,
     make_workload,
 )
+from cpkv.executor.kv_buffer import create_kv_buffer, shm_dir
 from cpkv.executor.local_attention import local_logits_elements
 from cpkv.executor.merge import local_topk, lse_from_base2, merge_partials, merge_topk, shard_softmax
 from cpkv.executor.partial import attention_output, attention_queries, dense_partial, sparse_partial
@@ -264,3 +266,36 @@ def test_scheduler_holds_prompts_for_decode_then_releases_every_page():
         s.release(rid)
     assert s.req_to_token == {}
     assert int(s.allocator.used_pages_per_lane().sum()) == s.cache.total_cached_pages
+
+
+class _Group:
+    """Stand-in for ``RankGroup`` in ``create_kv_buffer`` (no collective is made for ``local``)."""
+
+    world_size, rank, device = 4, 2, torch.device("cpu")
+
+
+def test_local_kv_buffer_maps_no_file_and_holds_one_lane():
+    """``kind="local"``: no shared file is created (nothing named for the tag appears), the buffer is this
+    rank's lane only, NaN-guarded."""
+    before = set(shm_dir().iterdir())
+    kv = create_kv_buffer(_Group(), SharedKVLayout(4, 16, 8), 2, 8, kind="local", tag="i27-local-test")  # type: ignore[arg-type]
+    assert set(shm_dir().iterdir()) - before == set()
+    assert kv.kind == "local" and kv.storage.shape == (2, 8 * 16, 8) and kv.storage.isnan().all()
+
+
+def test_access_and_storage_must_fit():
+    wl = make_workload([0], [10])
+    cpu = torch.device("cpu")
+    assert DistCase(workload=wl, kv_access="local").resolved_storage(cpu) == "local"
+    assert DistCase(workload=wl).resolved_storage(cpu) == "shm"
+    assert DistCase(workload=wl).resolved_storage(cpu, single_host=False) == "mirrored"
+    for kw, msg in [
+        ({"kv_access": "remote"}, "kv_access='remote' unknown; use one of shared, local"),
+        ({"kv_access": "local", "kv_storage": "shm"}, "kv_storage='shm' is a view of every lane"),
+        ({"kv_storage": "local"}, "kv_storage='local' needs kv_access='local'"),
+        ({"decode_steps": -1}, "decode_steps must be >= 0, got -1"),
+    ]:
+        with pytest.raises(ConfigError, match=msg):
+            DistCase(workload=wl, **kw).resolved_storage(cpu)
+    # The default pool holds every request with its decode tokens: ceil((10 + 7) / 4) + 1 pages per lane.
+    assert DistCase(workload=wl, page_size=4, decode_steps=7).resolved_pages_per_lane(2) == [6, 6]
