@@ -4,8 +4,9 @@ A case fixes the pool (page_size, pages_per_lane, one int or one per lane), the 
 the KV access (``shared`` view or ``local`` lanes, SPEC C-MERGE), the decode steps and the workload.
 Every rank runs the same case: it builds the KV pools (collectively: the latent pool, and for ``nsa`` the
 index-K pool with the same layout), the replicated scheduler and the executor, runs every forward (and,
-after the forward that finishes a prompt, its decode steps, ``decode.py``), and rank 0 compares each
-with the single-process reference (``TinyDecoder.reference`` over each whole request; ``records.py``).
+at the end of each wave of the workload, the decode steps of its finished prompts, ``decode.py``), and
+rank 0 compares each with the single-process reference (``TinyDecoder.reference`` over each whole
+request; ``records.py``, ``decode.record_decode``).
 """
 
 from __future__ import annotations

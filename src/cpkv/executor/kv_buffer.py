@@ -97,13 +97,7 @@ class KVBuffer:
         Raises:
             LaneWriteError: a slot is negative or not owned by this rank (owner != compute).
         """
-        owned = self.layout.owned_mask(slots, self.rank)
-        if not bool(owned.all()):
-            bad = slots[~owned]
-            raise LaneWriteError(
-                f"rank {self.rank} asked to write slot {int(bad[0])} of lane "
-                f"{int(self.layout.lane_of(bad[:1])[0])}: a rank writes only its own lane (C-OWNER-EQ-COMPUTE)"
-            )
+        self._require_owned(slots, "write", LaneWriteError, "a rank writes only its own lane (C-OWNER-EQ-COMPUTE)")
         self.lane(layer)[self.layout.write_slots(slots)] = rows
 
     def read(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
@@ -122,15 +116,16 @@ class KVBuffer:
         """
         if self.holds_every_lane:
             return self.layout.read_slots(slots)
+        self._require_owned(slots, "read", LaneReadError, "under kv_access=local a rank holds only its own lane (C-MERGE)")
+        return self.layout.write_slots(slots)
+
+    def _require_owned(self, slots: torch.Tensor, verb: str, error: type[Exception], why: str) -> None:
+        """Raise ``error`` naming the first of ``slots`` (and its lane) that this rank does not own."""
         owned = self.layout.owned_mask(slots, self.rank)
         if not bool(owned.all()):
             bad = slots[~owned]
-            raise LaneReadError(
-                f"rank {self.rank} asked to read slot {int(bad[0])} of lane "
-                f"{int(self.layout.lane_of(bad[:1])[0])}: under kv_access=local a rank holds only its own "
-                f"lane (C-MERGE)"
-            )
-        return self.layout.write_slots(slots)
+            raise error(f"rank {self.rank} asked to {verb} slot {int(bad[0])} of lane "
+                        f"{int(self.layout.lane_of(bad[:1])[0])}: {why}")  # fmt: skip
 
     def held_rows(self, slots: torch.Tensor) -> torch.Tensor:
         """Rows of ``storage`` holding those of ``slots`` that this buffer holds (local: the owned ones)."""
