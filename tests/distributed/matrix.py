@@ -82,7 +82,7 @@ def local_cases(C: int) -> list[DistCase]:
     cases = []
     for P in PAGE_SIZES:
         for pol in POLICIES:
-            cases.append(local(f"P{P}-{pol}", SMALL_MLA, P, policy=pol, audit_writes=P == 16))
+            cases.append(local(f"P{P}-{pol}", SMALL_MLA, P, policy=pol, audit_writes=(P, pol) == (16, "rotation")))
             cases.append(local(f"nsa-P{P}-{pol}", SMALL_NSA, P, policy=pol, audit_writes=P == 16 and pol == "balanced"))
     mha = TinyDecoderConfig(kv_mode="mha", num_layers=3, seed=5)
     cases += [

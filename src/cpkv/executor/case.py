@@ -159,10 +159,9 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
         out = executor.forward(batch)
         audits.extend(out.audits)
         written.append(batch.out_cache_loc.cpu())
-        records.append(
-            group.run(f"forward {f}: record", record_forward, batch, out, sched, model, reference, rank, local)
-        )
-        group.run(f"forward {f}: finish", sched.finish, batch)
+        rec = group.run(f"forward {f}: record + finish", _record_finish, batch, out, sched, model, reference, rank,
+                        local)  # fmt: skip
+        records.append(rec)
         rids, ind = batch.request_ids.tolist(), batch.alloc.plan.extend_indptr
         for rid in sched.take_prompt_done():  # held for decode, with its last position's hidden state
             held[rid] = out.hidden[int(ind[rids.index(rid) + 1]) - 1]
@@ -174,8 +173,7 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
             decodes.append(dec)
             written.extend(locs)
             audits.extend(dec_audits)
-            for rid in held:
-                group.run(f"decode {first}: release request {rid}", sched.release, rid)
+            group.run(f"decode {first}: release", lambda rids=list(held): [sched.release(r) for r in rids])
             held = {}
     if local:  # each rank checks its own lane, the only one it holds
         intact = group.all_true(all(_unwritten_rows_intact(kv, written, restored, P) for kv in pools.values()))
@@ -194,6 +192,13 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
         kv_access=case.kv_access, decodes=decodes,
         pool_rows={name: int(kv.storage.shape[1]) for name, kv in pools.items()},
     )  # fmt: skip
+
+
+def _record_finish(batch, out, sched: ReplicatedScheduler, model, reference, rank: int, local: bool):
+    """One step after a forward: its ``ForwardRecord`` (``record_forward``), then ``sched.finish``."""
+    rec = record_forward(batch, out, sched, model, reference, rank, local)
+    sched.finish(batch)
+    return rec
 
 
 def host_hooks(pools: dict[str, KVBuffer], rank: int, restored: list[int]):
