@@ -171,8 +171,9 @@ class DistCommandResult:
         if self.kv_access != "local":
             return ["communication: no query, partial or top-k exchange (kv_access=shared reads the view)"]
         kinds = [k for k in COMM_KINDS if k != "topk" or self.attention == "nsa"]
-        out = [f"communication, bytes sent per rank over all layers ({' | '.join(kinds)}; received: see --json)"
-               f", per forward and decode step (dec F.J: step J of the decode after forward F):"]
+        out = [f"communication, bytes sent per rank over all {self.layers} layers (each layer 1/{self.layers} of it; "
+               f"{' | '.join(kinds)}; received: see --json), per forward and decode step (dec F.J: step J of "
+               f"the decode after forward F):"]
         rows = [(f"fwd {f['forward']}", f["comm_bytes"]) for f in self.forwards]
         for d in self.decodes:  # runs of decode steps that exchanged the same bytes share a line
             steps, j0 = d["comm_bytes"], 0
