@@ -306,6 +306,32 @@ def mqa_logits_elements(
     return out
 
 
+def local_mqa_logits_elements(
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    cp_size: int,
+    page_size: int,
+    page_lanes: list[list[int]],
+    head_owners: list[int | None] | None = None,
+    phases: list[int] | None = None,
+    policy: str = "rotation",
+) -> list[int]:
+    """Logits elements per rank under kv_access = local (docs/distributed.md).
+
+    For every maximal run [a, b) of one request's positions computed by any rank, rank r materialises
+    (b - a) * k_r(b) elements, k_r(b) = positions s < b whose page (page_lanes[i][s // P]) is on lane r.
+    """
+    batch = plan_batch(prefix_lens, extend_lens, cp_size, page_size, head_owners, phases, policy)
+    out = [0] * cp_size
+    for i, (req, L0) in enumerate(zip(batch["requests"], prefix_lens, strict=True)):
+        for owner in range(cp_size):
+            mine = [L0 + t for t, o in enumerate(req["token_owner"]) if o == owner]
+            for a, b in _runs(mine):
+                for r in range(cp_size):
+                    out[r] += (b - a) * sum(1 for s in range(b) if page_lanes[i][s // page_size] == r)
+    return out
+
+
 def mqa_logits_elements_per_segment(
     prefix_lens: list[int],
     extend_lens: list[int],

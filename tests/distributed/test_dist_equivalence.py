@@ -1,5 +1,6 @@
 """CP prefill on C real processes equals the single-process reference (SPEC C-LAYOUT, C-GATHER,
-C-OWNER-EQ-COMPUTE, C-RELOAD), for C in {1, 2, 4} and page_size in {1, 16, 64}, under every policy.
+C-OWNER-EQ-COMPUTE, C-RELOAD), for C in {1, 2, 3, 4} and page_size in {1, 16, 64}, under every policy,
+with ``kv_access = shared`` (C in {1, 2, 4}) and ``local`` (every C; its own checks: test_dist_local.py).
 
 The cases (dense and NSA) come from ``matrix.cases_for``, one spawned gloo group per C (``conftest.run``).
 Audited cases have every rank audit its own writes (ranks take turns and diff every pool).
@@ -7,7 +8,7 @@ Audited cases have every rank audit its own writes (ranks take turns and diff ev
 
 import numpy as np
 import pytest
-from matrix import PAGE_SIZES, by_name, cases_for
+from matrix import PAGE_SIZES, SHARED_CS, by_name, cases_for
 
 import oracle
 
@@ -33,7 +34,8 @@ def test_every_case_matches_single_process_reference(run):
 
 @pytest.mark.clause("C-GATHER")
 def test_hidden_states_identical_across_policies(run):
-    for kind in ("", "nsa-"):
+    C, _ = run
+    for kind in ("", "nsa-") * (C in SHARED_CS) + ("local-", "local-nsa-"):
         for P in PAGE_SIZES:
             ref = by_name(run, f"{kind}P{P}-rotation").hidden()
             for pol in ("legacy", "balanced"):
@@ -46,7 +48,9 @@ def test_direct_write_only_own_lane(run):
     back through read_slots as written; at the end every row nobody wrote still holds its NaN guard."""
     C, r = run
     audited = [c.name for c in cases_for(C) if c.audit_writes]
-    assert {"P1-rotation", "mha-mirrored", "reload", "nsa-P16-balanced", "nsa-reload"} <= set(audited)
+    assert {"local-P16-rotation", "local-mha", "local-reload", "local-nsa-P16-balanced"} <= set(audited)
+    if C in SHARED_CS:
+        assert {"P1-rotation", "mha-mirrored", "reload", "nsa-P16-balanced", "nsa-reload"} <= set(audited)
     for outcome in r.outcomes:
         for res in outcome.result:
             if res.name not in audited:
@@ -59,8 +63,11 @@ def test_direct_write_only_own_lane(run):
                 assert a.rank == outcome.rank
                 assert (a.rows_outside_lane, a.rows_unexpected, a.rows_misread) == (0, 0, 0), (res.name, a)
                 assert a.rows_changed <= a.rows_written
-            # rows_written per forward and layer = this rank's share of the plan (owner == compute).
+            # rows_written per forward (and decode step) and layer = this rank's share of the plan.
             share = {f.index: f.per_rank_tokens[outcome.rank] for f in res.forwards}
+            for d in res.decodes:
+                for j in range(d.steps):
+                    share[d.first_index + j] = sum(lanes[j] == outcome.rank for lanes in d.token_lanes)
             assert all(a.rows_written == share[a.forward] for a in res.audits)
     for res in r.results:
         assert res.unwritten_rows_intact is True, res.name
@@ -88,7 +95,7 @@ def test_workload_covers_the_acceptance_matrix(run):
     """The batches really mix aligned and unaligned prefix hits, short extends and 3+ chunks."""
     C, r = run
     for P in PAGE_SIZES:
-        res = by_name(run, f"P{P}-rotation")
+        res = by_name(run, f"{'' if C in SHARED_CS else 'local-'}P{P}-rotation")
         fw = res.forwards
         mixed = [
             f
@@ -110,15 +117,19 @@ def test_workload_covers_the_acceptance_matrix(run):
 @pytest.mark.clause("C-RELOAD")
 def test_reload_from_host_tier_on_owner_lanes(run):
     """Wave 2 after a cache flush loads pages back on their recorded lanes; only the owner rank holds
-    (and restores) a page's host copy, and the result still equals the reference."""
-    res = by_name(run, "reload")
-    cc = res.cache_counters
-    assert cc["backups"] > 0 and cc["load_backs"] > 0
-    assert cc["load_back_owner_lane_capacity_failed"] == 0
-    assert res.max_abs_err <= TOL
+    (and restores) a page's host copy, and the result still equals the reference (both access modes)."""
+    C, _ = run
+    for name in ["reload"] * (C in SHARED_CS) + ["local-reload"]:
+        res = by_name(run, name)
+        cc = res.cache_counters
+        assert cc["backups"] > 0 and cc["load_backs"] > 0, name
+        assert cc["load_back_owner_lane_capacity_failed"] == 0
+        assert res.max_abs_err <= TOL
 
 
 def test_mha_on_mirrored_storage_and_mla576(run):
+    if run[0] not in SHARED_CS:
+        pytest.skip("shared-access cases run at C in {1, 2, 4}")
     mha = by_name(run, "mha-mirrored")
     assert mha.kv_storage == "mirrored" and mha.max_abs_err <= TOL
     mla = by_name(run, "mla576")

@@ -12,9 +12,11 @@ Entry points: ``run_dist(cases, cp_size)`` (spawns the ranks), ``python -m cpkv.
 """
 
 from .case import DistCase, host_hooks, run_case, run_cases
+from .decode import DecodeRecord
 from .errors import (
     DistError,
     InjectedFault,
+    LaneReadError,
     LaneWriteError,
     LaunchError,
     RankOrderError,
@@ -33,6 +35,7 @@ from .workload import Workload, make_workload
 __all__ = [
     "CPExecutor",
     "CaseResult",
+    "DecodeRecord",
     "DistCase",
     "DistError",
     "DistRun",
@@ -41,6 +44,7 @@ __all__ = [
     "ForwardRecord",
     "InjectedFault",
     "KVBuffer",
+    "LaneReadError",
     "LaneWriteError",
     "LaunchError",
     "RankGroup",

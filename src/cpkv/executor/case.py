@@ -1,10 +1,12 @@
 """One run of the reference executor on one rank: a ``DistCase`` in, a ``CaseResult`` out.
 
-A case fixes the pool (page_size, pages_per_lane, one int or one per lane), the owner policy, the model
-and the workload. Every rank runs the same case: it builds the KV pools (collectively: the latent pool,
-and for ``nsa`` the index-K pool with the same layout), the replicated scheduler and the executor, runs
-every forward, and rank 0 compares each forward with the single-process reference
-(``TinyDecoder.reference`` over each whole request; ``records.py``).
+A case fixes the pool (page_size, pages_per_lane, one int or one per lane), the owner policy, the model,
+the KV access (``shared`` view or ``local`` lanes, SPEC C-MERGE), the decode steps and the workload.
+Every rank runs the same case: it builds the KV pools (collectively: the latent pool, and for ``nsa`` the
+index-K pool with the same layout), the replicated scheduler and the executor, runs every forward (and,
+at the end of each wave of the workload, the decode steps of its finished prompts, ``decode.py``), and
+rank 0 compares each with the single-process reference (``TinyDecoder.reference`` over each whole
+request; ``records.py``, ``decode.record_decode``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import numpy as np
 import torch
 
 from ..config import DEFAULT_OWNER_POLICY, CPConfig, check_int, per_lane_ints
+from ..errors import ConfigError
 from ..layout import SharedKVLayout
+from .decode import run_decode
 from .errors import DistError
-from .forward import INDEX_K, LATENT, CPExecutor
+from .forward import INDEX_K, KV_ACCESSES, LATENT, CPExecutor
 from .group import RankGroup
 from .kv_buffer import KVBuffer, create_kv_buffer
 from .model import TinyDecoder, TinyDecoderConfig
@@ -41,7 +45,11 @@ class DistCase:
         policy: owner policy, ``balanced`` (default, as ``CPConfig``) / ``rotation`` / ``legacy``.
         model: ``TinyDecoderConfig`` (default: MLA, 576-wide latent rows, dense attention; ``attention=
             "nsa"`` adds the indexer and its index-K pool).
-        kv_storage: ``"shm"`` / ``"mirrored"``; None: ``shm`` on CPU, ``mirrored`` on GPU.
+        kv_storage: ``"shm"`` / ``"mirrored"`` (``shared`` access) or ``"local"``; None: ``local`` under
+            ``local`` access, else ``shm`` on CPU ranks of one host, ``mirrored`` on GPU or over several hosts.
+        kv_access: ``"shared"`` (default: every rank reads any lane through the rank-major view) or
+            ``"local"`` (a rank holds, writes and reads only its own lane; partials merged, SPEC C-MERGE).
+        decode_steps: greedy decode steps per request after its prompt (0: prefill only).
         prefix_cache: share full pages between requests through ``PrefixCache``.
         host_pages_per_lane: host-tier pages per lane of the cache (0: evicted pages are dropped).
         check_replicas: all-gather the scheduler digest after every schedule (debug; cheap).
@@ -56,6 +64,8 @@ class DistCase:
     policy: str = DEFAULT_OWNER_POLICY
     model: TinyDecoderConfig = field(default_factory=TinyDecoderConfig)
     kv_storage: str | None = None
+    kv_access: str = "shared"
+    decode_steps: int = 0
     prefix_cache: bool = True
     host_pages_per_lane: int = 0
     check_replicas: bool = True
@@ -75,7 +85,29 @@ class DistCase:
         """
         if self.pages_per_lane is not None:
             return per_lane_ints("pages_per_lane", self.pages_per_lane, cp_size, 1)
-        return [self.workload.total_pages(check_int("page_size", self.page_size, 1)) + 1] * cp_size
+        P = check_int("page_size", self.page_size, 1)
+        return [self.workload.total_pages(P, extra_tokens=self.decode_steps) + 1] * cp_size
+
+    def resolved_storage(self, device: torch.device, single_host: bool = True) -> str:
+        """The KV storage kind this case runs on (see ``kv_storage``).
+
+        Raises:
+            ConfigError: an unknown ``kv_access``, ``decode_steps`` below 0, or a storage that does not fit
+                the access (``local`` takes ``local`` storage; ``shared`` takes ``shm`` or ``mirrored``).
+        """
+        check_int("decode_steps", self.decode_steps, 0)
+        if self.kv_access not in KV_ACCESSES:
+            raise ConfigError(f"kv_access={self.kv_access!r} unknown; use one of {', '.join(KV_ACCESSES)}")
+        if self.kv_access == "local":
+            if self.kv_storage not in (None, "local"):
+                raise ConfigError(
+                    f"kv_access='local' keeps each rank's own lane only; kv_storage={self.kv_storage!r} is a "
+                    f"view of every lane (leave kv_storage unset)"
+                )
+            return "local"
+        if self.kv_storage == "local":
+            raise ConfigError("kv_storage='local' needs kv_access='local' (a rank then reads only its own lane)")
+        return self.kv_storage or ("shm" if device.type == "cpu" and single_host else "mirrored")
 
 
 def run_cases(group: RankGroup, cases: list[DistCase], tag: str) -> list[CaseResult]:
@@ -95,7 +127,8 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
     caps = group.run("case setup", case.resolved_pages_per_lane, C)
     config = group.run("case setup", CPConfig, C, P, case.policy)
     model = group.run("build model", TinyDecoder, case.model, group.device)
-    kind = case.kv_storage or ("shm" if group.device.type == "cpu" else "mirrored")
+    kind = group.run("case setup", case.resolved_storage, group.device, group.single_host)
+    local = kind == "local"
     layout = SharedKVLayout(C, P, max(caps))
     L = case.model.num_layers
     pools = {LATENT: create_kv_buffer(group, layout, L, case.model.kv_row_width, kind=kind, tag=tag)}
@@ -107,37 +140,65 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
     backup, restore = host_hooks(pools, rank, restored)
     sched = ReplicatedScheduler(config, caps, case.workload, prefix_cache=case.prefix_cache,
                                 host_pages_per_lane=case.host_pages_per_lane, backup_fn=backup,
-                                restore_fn=restore, device=group.device)  # fmt: skip
+                                restore_fn=restore, device=group.device,
+                                hold_prompts=case.decode_steps > 0)  # fmt: skip
     executor = CPExecutor(group, model, pools[LATENT], index_kv=pools.get(INDEX_K), audit_writes=case.audit_writes,
-                          fault_rank=case.fault_rank)  # fmt: skip
+                          fault_rank=case.fault_rank, kv_access=case.kv_access)  # fmt: skip
     if case.check_replicas:
         group.check_replicas(
             f"{model.weights_digest()!r}|{_workload_digest(case.workload)}", "start (weights, workload)"
         )
     reference: dict = {}
-    records, audits, written = [], [], []
-    for f in range(len(case.workload.forwards)):
+    records, audits, written, decodes = [], [], [], []
+    n_forwards = len(case.workload.forwards)
+    held: dict[int, torch.Tensor] = {}  # decode: request id -> hidden state of its last prompt position
+    for f in range(n_forwards):
         batch = group.run(f"forward {f}: schedule", sched.schedule, f)
         if case.check_replicas:
             group.check_replicas(sched.digest(), f"forward {f}: schedule")
         out = executor.forward(batch)
         audits.extend(out.audits)
         written.append(batch.out_cache_loc.cpu())
-        records.append(
-            group.run(f"forward {f}: record", record_forward, batch, out, sched, model, reference, rank)
+        rec = group.run(f"forward {f}: record + finish", _record_finish, batch, out, sched, model, reference, rank,
+                        local)  # fmt: skip
+        records.append(rec)
+        rids, ind = batch.request_ids.tolist(), batch.alloc.plan.extend_indptr
+        for rid in sched.take_prompt_done():  # held for decode, with its last position's hidden state
+            held[rid] = out.hidden[int(ind[rids.index(rid) + 1]) - 1]
+        if held and (f in case.workload.decode_after or f == n_forwards - 1):
+            first = n_forwards + case.decode_steps * len(decodes)
+            dec, locs, dec_audits = run_decode(group, sched, executor, model, list(held), torch.stack(list(held.values())),
+                                               f, case.decode_steps, first, local=local,
+                                               check_replicas=case.check_replicas)  # fmt: skip
+            decodes.append(dec)
+            written.extend(locs)
+            audits.extend(dec_audits)
+            group.run(f"decode {first}: release", lambda rids=list(held): [sched.release(r) for r in rids])
+            held = {}
+    if local:  # each rank checks its own lane, the only one it holds
+        intact = group.all_true(all(_unwritten_rows_intact(kv, written, restored, P) for kv in pools.values()))
+        intact = intact if rank == 0 else None
+    else:
+        intact = (
+            all(_unwritten_rows_intact(kv, written, restored, P) for kv in pools.values()) if rank == 0 else None
         )
-        group.run(f"forward {f}: finish", sched.finish, batch)
-    intact = (
-        all(_unwritten_rows_intact(kv, written, restored, P) for kv in pools.values()) if rank == 0 else None
-    )
-    errs = [r.max_abs_err for r in records if r.max_abs_err is not None]
+    errs = [r.max_abs_err for r in [*records, *decodes] if r.max_abs_err is not None]
     return CaseResult(
         name=case.name, rank=rank, cp_size=C, page_size=P, pages_per_lane=caps, policy=config.owner_policy,
         kv_storage=kind, attention=case.model.attention, forwards=records, audits=audits,
         max_abs_err=max(errs) if errs else None, unwritten_rows_intact=intact,
         lane_pages_used=_lane_pages_used(written, restored, C, P),
         cache_counters=sched.cache.counters() if sched.cache else {}, wall_s=time.perf_counter() - t0,
+        kv_access=case.kv_access, decodes=decodes,
+        pool_rows={name: int(kv.storage.shape[1]) for name, kv in pools.items()},
     )  # fmt: skip
+
+
+def _record_finish(batch, out, sched: ReplicatedScheduler, model, reference, rank: int, local: bool):
+    """One step after a forward: its ``ForwardRecord`` (``record_forward``), then ``sched.finish``."""
+    rec = record_forward(batch, out, sched, model, reference, rank, local)
+    sched.finish(batch)
+    return rec
 
 
 def host_hooks(pools: dict[str, KVBuffer], rank: int, restored: list[int]):
@@ -160,7 +221,7 @@ def host_hooks(pools: dict[str, KVBuffer], rank: int, restored: list[int]):
         if page % C != rank:
             return None  # host copies are sharded by owner (C-RELOAD)
         return {
-            name: kv.storage[:, layout.read_slots(page_slots(page, kv.storage.device))].to("cpu", copy=True)
+            name: kv.storage[:, kv.row_index(page_slots(page, kv.storage.device))].to("cpu", copy=True)
             for name, kv in pools.items()
         }
 
@@ -182,11 +243,11 @@ def host_hooks(pools: dict[str, KVBuffer], rank: int, restored: list[int]):
 
 
 def _unwritten_rows_intact(kv: KVBuffer, written: list[torch.Tensor], restored: list[int], P: int) -> bool:
-    """Whether every row outside ``read_slots`` of the written slots still holds the NaN guard bits."""
+    """Whether every row of ``kv`` that holds none of the written slots still holds the NaN guard bits."""
     slots = written + [torch.arange(p * P, (p + 1) * P) for p in restored]
     used = torch.zeros(kv.storage.shape[1], dtype=torch.bool)
     if slots:
-        used[kv.layout.read_slots(torch.cat(slots))] = True
+        used[kv.held_rows(torch.cat(slots))] = True
     guard = kv.storage[:, ~used.to(kv.storage.device)]
     nan_bits = torch.tensor(float("nan"), dtype=torch.float32).view(torch.int32).item()
     return bool((guard.view(torch.int32) == nan_bits).all())

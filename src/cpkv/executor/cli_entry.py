@@ -15,6 +15,7 @@ from ..cli.options import parse_pages_per_lane
 from ..config import OWNER_POLICIES, CPConfig, check_int, per_lane_ints
 from ..errors import ConfigError, LaneExhausted
 from .case import DistCase
+from .forward import KV_ACCESSES
 from .model import ATTENTIONS, KV_MODES, TinyDecoderConfig
 from .summary import TOLERANCE, DistCommandResult
 from .workload import make_workload
@@ -55,6 +56,13 @@ def run_dist_options(f):
                      help="nsa: keys each query keeps (k)."),
         click.option("--index-heads", type=int, default=64, show_default=True,
                      help="nsa: indexer query heads (H); q_I is [H, 128], k_I [128]."),
+        click.option("--kv-access", type=click.Choice(list(KV_ACCESSES)), default="shared", show_default=True,
+                     help="shared: every rank reads any lane through one rank-major view (/dev/shm file, or a "
+                          "mirror); local: a rank holds, writes and reads only its own lane, queries are "
+                          "all-gathered and per-rank partial attention merged exactly (C-MERGE)."),
+        click.option("--decode-steps", type=int, default=0, show_default=True,
+                     help="Greedy decode steps per request after its prompt (seeded LM head; alloc_decode "
+                          "places each token's page, its owner computes it)."),
         click.option("--prefix-len", "prefix_lens", type=int, multiple=True,
                      help="Tokens already in the KV cache (a first forward fills them); repeat per request. "
                           f"Default {' '.join(map(str, DEFAULT_PREFIX_LENS))}."),
@@ -77,11 +85,13 @@ def build_case(
     policy: str | None = None, layers: int = 2, kv_mode: str = "mla", attention: str = "dense",
     index_topk: int = 2048, index_heads: int = 64, prefix_lens: Sequence[int] = (),
     extend_lens: Sequence[int] = (), chunks: int = 2, reuse: bool = True, seed: int = 0,
+    kv_access: str = "shared", decode_steps: int = 0,
 ) -> DistCase:  # fmt: skip
     """The ``DistCase`` the command-line flags describe (empty lengths take the defaults).
 
     Raises:
-        ConfigError / PlanError: a bad size, policy, attention or length list (names the flag's value).
+        ConfigError / PlanError: a bad size, policy, attention, access, decode steps or length list (names
+            the flag's value).
     """
     prefix_lens, extend_lens = list(prefix_lens), list(extend_lens)
     if not prefix_lens and not extend_lens:
@@ -93,8 +103,11 @@ def build_case(
                               attention=attention, index_topk=index_topk, index_heads=index_heads)  # fmt: skip
     workload = make_workload(prefix_lens, extend_lens, chunks=chunks, vocab_size=model.vocab_size, seed=seed,
                              reuse=reuse)  # fmt: skip
+    if kv_access not in KV_ACCESSES:
+        raise ConfigError(f"--kv-access {kv_access!r} unknown; use one of {', '.join(KV_ACCESSES)}")
     return DistCase(workload=workload, page_size=config.page_size, pages_per_lane=pages_per_lane,
-                    policy=config.owner_policy, model=model, name="cli")  # fmt: skip
+                    policy=config.owner_policy, model=model, kv_access=kv_access,
+                    decode_steps=check_int("--decode-steps", decode_steps, 0), name="cli")  # fmt: skip
 
 
 def run_dist_command(*, cp_size: int, timeout_s: float = 120.0, backend: str | None = None,
@@ -143,11 +156,13 @@ def run_dist_cli(cp_size, as_json, **flags) -> int:
     """Run CP prefill of a tiny decoder on C local processes; print max abs error vs one process.
 
     Each rank embeds and computes only the tokens it owns, writes their KV into its own lane of a shared
-    paged buffer, reads every earlier position through the rank-major view, and the outputs are gathered
-    back into flat order. With --attention nsa each rank also writes its tokens' index keys into the
+    paged buffer, reads every earlier position through the rank-major view (--kv-access local: holds only
+    its own lane; queries are all-gathered and per-rank partials merged), and the outputs are gathered
+    back into flat order. --decode-steps N then decodes N greedy tokens per request on the owner lanes. With --attention nsa each rank also writes its tokens' index keys into the
     index-K pool, materialises the indexer's logits blocks of its runs of positions and counts them
     against mqa_logits_elements. Exit status 1 when the error exceeds 1e-5, a logits count differs from
-    the estimate, or a top-k row differs from the reference away from a near tie; 130 on Ctrl-C.
+    the estimate, a top-k row differs from the reference away from a near tie, or a decoded token differs
+    from the reference's greedy choice; 130 on Ctrl-C.
     """
     try:
         result = run_dist_command(cp_size=cp_size, **flags)

@@ -35,6 +35,10 @@ class LaneWriteError(DistError):
     """A rank was asked to write a slot outside its own lane (SPEC C-LAYOUT, C-OWNER-EQ-COMPUTE)."""
 
 
+class LaneReadError(DistError):
+    """Under ``kv_access = local`` a rank was asked to read a slot of another lane (SPEC C-MERGE)."""
+
+
 class RemoteRankError(DistError):
     """Stand-in for an error of another rank that could not be pickled; names the rank and the error.
 

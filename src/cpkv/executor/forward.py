@@ -14,6 +14,10 @@ Rank r, for one ``ForwardBatch``:
    all-gathers in rank order and indexes with ``gather_index``, giving the batch's final hidden states
    (and, for ``nsa``, every layer's top-k rows) in flat order (C-GATHER).
 
+Under ``kv_access = local`` (SPEC C-MERGE) step 3's attention reads no other lane: the queries are
+all-gathered, every rank computes partials over its own keys and each query's owner merges them
+(``local_attention.py``); the rest is the same.
+
 Every step where a rank can fail ends in ``RankGroup.run`` (error agreement), so no rank is left behind
 in a collective.
 """
@@ -31,9 +35,14 @@ from ..planner import BatchPlan
 from .errors import InjectedFault
 from .group import RankGroup
 from .kv_buffer import KVBuffer
+from .local_attention import COMM_KINDS, LocalAttention
 from .model import TinyDecoder
 from .nsa import nsa_attention, rank_runs
 from .scheduler import ForwardBatch
+
+KV_ACCESSES = ("shared", "local")
+"""``shared``: every rank reads any lane through the rank-major view; ``local``: a rank holds only its own
+lane and attention merges per-rank partials (SPEC C-MERGE)."""
 
 LATENT, INDEX_K = "latent", "index_k"
 """Pool names: the KV (MLA latent or MHA K/V) rows, and the indexer's ``k_I`` rows (``nsa`` only)."""
@@ -99,7 +108,12 @@ class ForwardOutput:
         topk: ``nsa`` only: ``[N, layers, index_topk]`` int64 selected key positions of every token, flat
             order (gathered back like the hidden states).
         logits_elements: ``nsa`` only: ``[C, layers]`` int64 logits elements each rank materialised in each
-            layer (counted on the tensors; C-ESTIMATE says it equals ``mqa_logits_elements``).
+            layer (counted on the tensors; C-ESTIMATE says it equals ``mqa_logits_elements``; under
+            ``local``, ``local_logits_elements``).
+        comm_bytes: ``[C, 2 * len(COMM_KINDS)]`` int64 bytes each rank sent (then received) per kind of
+            exchange over all layers (``COMM_KINDS``; all zero under ``shared``).
+        topk_digest: ``nsa`` under ``local``: SHA-256 of every global top-k this rank computed (checked
+            equal on every rank before the forward returns).
     """
 
     hidden: torch.Tensor
@@ -107,6 +121,8 @@ class ForwardOutput:
     audits: tuple[WriteAudit, ...]
     topk: torch.Tensor | None = None
     logits_elements: np.ndarray | None = None
+    comm_bytes: np.ndarray | None = None
+    topk_digest: str | None = None
 
 
 class CPExecutor:
@@ -117,18 +133,21 @@ class CPExecutor:
         model: the ``TinyDecoder`` (same seed on every rank).
         kv: the group's ``KVBuffer`` (layers = ``model.config.num_layers``).
         index_kv: the index-K pool (``nsa`` models; rows ``index_head_dim`` wide, same layout as ``kv``).
+        kv_access: ``"shared"`` (read any lane through the view) or ``"local"`` (pools hold the own lane
+            only; attention merges per-rank partials, SPEC C-MERGE).
 
         audit_writes: debug: ranks write in turn and record ``WriteAudit`` (C barriers per layer).
         fault_rank: debug: this rank raises ``InjectedFault`` in layer 0's attention of every forward.
 
     Raises:
-        ConfigError: an ``nsa`` model without ``index_kv``, or a bad ``CPKV_KERNELS``.
+        ConfigError: an ``nsa`` model without ``index_kv``, a ``kv_access`` other than shared / local, a
+            ``local`` access over pools that are not ``local`` storage (or the reverse), or a bad ``CPKV_KERNELS``.
         KernelVersionError: the group's device needs Triton kernels (CUDA) and the stack is missing or old.
     """
 
     def __init__(
         self, group: RankGroup, model: TinyDecoder, kv: KVBuffer, *, index_kv: KVBuffer | None = None,
-        audit_writes: bool = False, fault_rank: int | None = None,
+        audit_writes: bool = False, fault_rank: int | None = None, kv_access: str = "shared",
     ) -> None:  # fmt: skip
         if model.config.nsa and index_kv is None:
             raise ConfigError("attention='nsa' needs the index-K pool: pass index_kv (C-NSA)")
@@ -136,6 +155,14 @@ class CPExecutor:
         self.pools = {LATENT: kv} if index_kv is None else {LATENT: kv, INDEX_K: index_kv}
         self.audit_writes = audit_writes
         self.fault_rank = fault_rank
+        if kv_access not in KV_ACCESSES:
+            raise ConfigError(f"kv_access={kv_access!r} unknown; use one of {', '.join(KV_ACCESSES)}")
+        if any((pool.kind == "local") != (kv_access == "local") for pool in self.pools.values()):
+            raise ConfigError(
+                f"kv_access={kv_access!r} with {kv.kind!r} storage: 'local' access takes 'local' storage "
+                f"(each rank's own lane only), and 'shared' access a view of every lane"
+            )
+        self.local = LocalAttention(group, model, kv, index_kv, self._maybe_fault) if kv_access == "local" else None
         use_kernels(group.device)  # start-up gate: a bad CPKV_KERNELS or a missing kernel stack fails here
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
@@ -153,20 +180,33 @@ class CPExecutor:
         own = np.flatnonzero(plan.token_owner == g.rank)  # [n_r] ascending flat token indices
         idx = torch.from_numpy(own).to(g.device)
         loc, pos, req = batch.out_cache_loc[idx], batch.positions[idx], batch.token_req[own]
-        runs = g.run(f"forward {f}: position runs", rank_runs, plan, g.rank, own) if nsa else None
-        h = g.run(f"forward {f}: embed", self.model.embed, batch.token_ids[idx])
+        lp = runs = None
+        if self.local is not None:
+            lp, h = g.run(f"forward {f}: local plan + embed",
+                          lambda: (self.local.prepare(batch), self.model.embed(batch.token_ids[idx])))  # type: ignore[union-attr]  # fmt: skip
+        else:
+            runs = g.run(f"forward {f}: position runs", rank_runs, plan, g.rank, own) if nsa else None
+            h = g.run(f"forward {f}: embed", self.model.embed, batch.token_ids[idx])
         audits: list[WriteAudit] = []
         topks, elements = [], []
         for layer in range(self.model.config.num_layers):
             where = f"forward {f} layer {layer}"
+            q_own = None
             if self.audit_writes:
                 x, layer_audits = self._audited_write(where, f, layer, h, pos, loc)
                 audits.extend(layer_audits)
+            elif self.local is not None:  # one step: the own rows into the own lane, the own queries
+                x, q_own = g.run(f"{where}: K/V write + queries", self._write_kv_queries, layer, h, pos, loc)
             else:
                 x = g.run(f"{where}: K/V write (write fence)", self._write_kv, layer, h, pos, loc)
             for pool in self.pools.values():
                 pool.publish(g, layer)
-            if nsa:
+            if self.local is not None:
+                h, topk, n = self.local.layer(where, layer, h, x, lp, batch, q_own)  # type: ignore[arg-type]
+                if nsa:
+                    topks.append(topk)
+                    elements.append(n)
+            elif nsa:
                 h, topk, n = g.run(f"{where}: sparse attention + MLP", self._sparse_mlp, layer, h, x, pos,
                                    runs, batch)  # fmt: skip
                 topks.append(topk)
@@ -175,17 +215,28 @@ class CPExecutor:
                 h = g.run(f"{where}: attention + MLP", self._attend_mlp, layer, h, x, pos, req, batch)
         out = g.run(f"forward {f}: final norm", self.model.final_norm, h)
         hidden = gather_back(g, out, plan)
+        digest = None
+        if self.local is not None:  # one all-gather: bytes, logits counts, top-k digests (checked equal)
+            comm, counts, digest = self.local.summary(elements, f"forward {f}")
+        else:
+            comm = np.zeros((g.world_size, 2 * len(COMM_KINDS)), dtype=np.int64)
+            if nsa:
+                counts = g.gather_rows(torch.tensor([elements], dtype=torch.int64, device=g.device), 1).cpu().numpy()
         if not nsa:
-            return ForwardOutput(hidden=hidden, own_tokens=int(own.shape[0]), audits=tuple(audits))
+            return ForwardOutput(hidden=hidden, own_tokens=int(own.shape[0]), audits=tuple(audits), comm_bytes=comm)
         topk = gather_back(g, torch.stack(topks, 1).flatten(1), plan).view(hidden.shape[0], len(topks), -1)
-        counts = g.gather_rows(torch.tensor([elements], dtype=torch.int64, device=g.device), 1)  # [C, layers]
         return ForwardOutput(hidden=hidden, own_tokens=int(own.shape[0]), audits=tuple(audits), topk=topk,
-                             logits_elements=counts.cpu().numpy())  # fmt: skip
+                             logits_elements=counts, comm_bytes=comm, topk_digest=digest)  # fmt: skip
 
     # ---------------------------------------------------------------------------------------- steps
     def _write_kv(self, layer: int, h: torch.Tensor, pos: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
         """Attention input ``x`` of this rank's tokens, whose rows go to its own lane of each pool."""
         return self._write_rows(layer, h, pos, loc)[0]
+
+    def _write_kv_queries(self, layer: int, h, pos, loc) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_write_kv`` and, under ``local``, the own tokens' packed queries (``LocalAttention.queries``)."""
+        x = self._write_kv(layer, h, pos, loc)
+        return x, self.local.queries(layer, x, pos)  # type: ignore[union-attr]
 
     def _write_rows(self, layer, h, pos, loc) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x = self.model.attn_input(layer, h)
@@ -248,7 +299,7 @@ class CPExecutor:
     def _audit_turn(self, f: int, layer: int, h, pos, loc) -> tuple[torch.Tensor, list[WriteAudit]]:
         before = {name: pool.storage.clone() for name, pool in self.pools.items()}
         x, written = self._write_rows(layer, h, pos, loc)
-        expected = set(self.kv.layout.read_slots(loc).cpu().tolist())
+        expected = set(self.kv.row_index(loc).cpu().tolist())
         audits = []
         for name, pool in self.pools.items():
             # [layers, rows]: rows whose bits changed during this rank's turn

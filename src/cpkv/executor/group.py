@@ -9,6 +9,7 @@ rank raises the same typed error and no rank is left blocked in a collective.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import pickle
 import socket
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -75,6 +77,8 @@ class RankGroup:
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (every rank has a GPU).
         device: torch device for compute and collectives (``cpu`` or ``cuda:<local rank>``).
         pg: the process group (None: the default group).
+        single_host: every rank runs on this host (``LOCAL_WORLD_SIZE`` equals ``world_size``, or unset);
+            False for a torchrun world over several nodes, where no ``/dev/shm`` file spans the group.
     """
 
     rank: int
@@ -82,6 +86,7 @@ class RankGroup:
     backend: str
     device: torch.device
     pg: dist.ProcessGroup | None = None
+    single_host: bool = True
 
     @classmethod
     def init(
@@ -123,7 +128,8 @@ class RankGroup:
             backend, init_method=init_method, rank=rank, world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )  # fmt: skip
-        group = cls(rank=rank, world_size=world_size, backend=backend, device=device)
+        single_host = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) == world_size
+        group = cls(rank=rank, world_size=world_size, backend=backend, device=device, single_host=single_host)
         group.self_check()
         return group
 
@@ -178,14 +184,19 @@ class RankGroup:
         return result  # type: ignore[return-value]
 
     def check_replicas(self, digest: str, where: str) -> None:
-        """All-gather ``digest`` (a string) and raise ``ReplicaDivergence`` on every rank if any differs."""
-        digests: list[str | None] = [None] * self.world_size
-        dist.all_gather_object(digests, digest, group=self.pg)
-        if len(set(digests)) != 1:
-            bad = [r for r, d in enumerate(digests) if d != digests[0]]
+        """Raise ``ReplicaDivergence`` on every rank if ``digest`` (a string) differs between ranks.
+
+        One all-gather of the string's SHA-256 (32 bytes per rank), not of the string itself.
+        """
+        sha = hashlib.sha256(digest.encode()).digest()
+        mine = torch.from_numpy(np.frombuffer(sha, dtype=np.int64).copy()).to(self.device)[None, :]
+        every = self.gather_rows(mine, 1).cpu().numpy()  # [C, 4]
+        bad = [r for r in range(self.world_size) if not np.array_equal(every[r], every[0])]
+        if bad:
+            shas = [every[r].tobytes().hex()[:12] for r in range(self.world_size)]
             raise ReplicaDivergence(
-                f"replicated scheduler state differs at {where}: ranks {bad} disagree with rank 0 "
-                f"(digests {[str(d)[:12] for d in digests]}); every rank must replay the same allocator calls"
+                f"replicated state differs at {where}: ranks {bad} disagree with rank 0 (SHA-256 of the "
+                f"digests {shas}); every rank must replay the same allocator calls and choices"
             )
 
     def gather_rows(self, local: torch.Tensor, max_rank_tokens: int) -> torch.Tensor:
@@ -206,6 +217,31 @@ class RankGroup:
         out = torch.empty(self.world_size * M, d, dtype=local.dtype, device=self.device)
         dist.all_gather(list(out.split(M)), padded, group=self.pg)
         return out
+
+    def exchange_rows(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
+        """All-to-all of rows with exact sizes, no padding (``all_to_all_single``; C-MERGE's exchanges).
+
+        Args:
+            send: ``[sum(send_counts), ...]``: the rows for rank 0, then for rank 1, ... (this rank's own
+                share included; it stays local).
+            send_counts: ``[C]`` rows for each rank. recv_counts: ``[C]`` rows to receive from each rank.
+
+        Returns:
+            ``[sum(recv_counts), ...]``: rank 0's rows for this rank, then rank 1's, ...
+        """
+        out = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=self.device)
+        if self.world_size == 1:
+            out.copy_(send)
+            return out
+        dist.all_to_all_single(out, send.contiguous(), output_split_sizes=list(recv_counts),
+                               input_split_sizes=list(send_counts), group=self.pg)  # fmt: skip
+        return out
+
+    def all_true(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank (``all_reduce(MIN)``; collective)."""
+        t = torch.tensor([int(bool(flag))], dtype=torch.int32, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.pg)
+        return bool(t.item())
 
     def broadcast_object(self, obj: T, src: int = 0) -> T:
         """Rank ``src``'s ``obj`` (picklable) on every rank."""

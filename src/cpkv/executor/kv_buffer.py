@@ -5,7 +5,7 @@ A rank writes only its own lane, at ``layout.write_slots(slots)`` of the lane vi
 the whole view at ``layout.read_slots(slots)``. Writes and reads of a layer are separated by the write
 fence (a collective: ``RankGroup.agree`` then ``publish``).
 
-Two storages:
+Three storages:
 
 - ``shm`` (CPU, default with gloo): one file under ``/dev/shm`` (else the temp dir), created by rank 0 and
   mapped ``MAP_SHARED`` by every rank with ``torch.from_file(..., shared=True)``. A row a rank writes is
@@ -18,6 +18,11 @@ Two storages:
   ``torch.distributed._symmetric_memory``), keeping writes direct and reads remote; the mirrored form
   trades that for running on any NCCL group. (Not C-POOL's ``replicated`` pool kind, where every rank
   holds every page and slots translate as with C = 1: a mirrored pool keeps owner lanes.)
+
+- ``local`` (``kv_access = local``, SPEC C-MERGE): a rank allocates only its own lane, ``[Q*P]`` rows per
+  layer, in its own memory: no shared file, no mirror, no view of any other lane. It writes at
+  ``write_slots`` and reads only slots it owns (at ``write_slots`` too); a read of another lane's slot is
+  refused (``LaneReadError``). Attention over other lanes' keys is assembled from partials (``merge.py``).
 
 Unwritten rows hold NaN, so a read of a row nobody wrote poisons the result instead of passing unnoticed.
 """
@@ -35,10 +40,10 @@ from ..config import check_int
 from ..errors import ConfigError
 from ..layout import SharedKVLayout
 from ..limits import check_bytes
-from .errors import LaneWriteError
+from .errors import LaneReadError, LaneWriteError
 from .group import RankGroup
 
-KV_STORAGES = ("shm", "mirrored")
+KV_STORAGES = ("shm", "mirrored", "local")
 FILE_PREFIX = "cpkv-kv-"
 
 
@@ -54,8 +59,9 @@ class KVBuffer:
     Attributes:
         layout: the ``SharedKVLayout`` (C, P, Q) of the pool.
         rank: this rank, i.e. the lane it may write.
-        storage: ``[num_layers, C*Q*P, row_width]`` float32, the rank-major view (shared, or this rank's mirror).
-        kind: ``"shm"`` or ``"mirrored"``.
+        storage: ``[num_layers, C*Q*P, row_width]`` float32, the rank-major view (shared, or this rank's
+            mirror); for ``local``, ``[num_layers, Q*P, row_width]``, this rank's lane only.
+        kind: ``"shm"``, ``"mirrored"`` or ``"local"``.
     """
 
     def __init__(self, layout: SharedKVLayout, rank: int, storage: torch.Tensor, kind: str) -> None:
@@ -66,9 +72,16 @@ class KVBuffer:
         """Layers held."""
         return int(self.storage.shape[0])
 
+    @property
+    def holds_every_lane(self) -> bool:
+        """Whether ``storage`` is the whole rank-major view (``shm``, ``mirrored``) or only the own lane."""
+        return self.kind != "local"
+
     def lane_rows(self) -> tuple[int, int]:
-        """``[start, end)`` rows of this rank's lane in the rank-major view: ``r*Q*P .. (r+1)*Q*P``."""
+        """``[start, end)`` rows of this rank's lane in ``storage``: ``r*Q*P .. (r+1)*Q*P`` (``local``: all)."""
         n = self.layout.lane_slots
+        if not self.holds_every_lane:
+            return 0, n
         return self.rank * n, (self.rank + 1) * n
 
     def lane(self, layer: int) -> torch.Tensor:
@@ -84,18 +97,41 @@ class KVBuffer:
         Raises:
             LaneWriteError: a slot is negative or not owned by this rank (owner != compute).
         """
-        owned = self.layout.owned_mask(slots, self.rank)
-        if not bool(owned.all()):
-            bad = slots[~owned]
-            raise LaneWriteError(
-                f"rank {self.rank} asked to write slot {int(bad[0])} of lane "
-                f"{int(self.layout.lane_of(bad[:1])[0])}: a rank writes only its own lane (C-OWNER-EQ-COMPUTE)"
-            )
+        self._require_owned(slots, "write", LaneWriteError, "a rank writes only its own lane (C-OWNER-EQ-COMPUTE)")
         self.lane(layer)[self.layout.write_slots(slots)] = rows
 
     def read(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
-        """Rows ``[k, W]`` of ``slots [k]`` (any lane) from the rank-major view at ``layout.read_slots``."""
-        return self.storage[layer][self.layout.read_slots(slots)]
+        """Rows ``[k, W]`` of ``slots [k]`` (any lane) from the rank-major view at ``layout.read_slots``.
+
+        Raises:
+            LaneReadError: ``local`` storage and a slot of another lane (or negative).
+        """
+        return self.storage[layer][self.row_index(slots)]
+
+    def row_index(self, slots: torch.Tensor) -> torch.Tensor:
+        """Rows of ``storage`` that hold ``slots [k]``: ``read_slots`` (whole view) or ``write_slots`` (local).
+
+        Raises:
+            LaneReadError: ``local`` storage and a slot this rank does not own.
+        """
+        if self.holds_every_lane:
+            return self.layout.read_slots(slots)
+        self._require_owned(slots, "read", LaneReadError, "under kv_access=local a rank holds only its own lane (C-MERGE)")
+        return self.layout.write_slots(slots)
+
+    def _require_owned(self, slots: torch.Tensor, verb: str, error: type[Exception], why: str) -> None:
+        """Raise ``error`` naming the first of ``slots`` (and its lane) that this rank does not own."""
+        owned = self.layout.owned_mask(slots, self.rank)
+        if not bool(owned.all()):
+            bad = slots[~owned]
+            raise error(f"rank {self.rank} asked to {verb} slot {int(bad[0])} of lane "
+                        f"{int(self.layout.lane_of(bad[:1])[0])}: {why}")  # fmt: skip
+
+    def held_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """Rows of ``storage`` holding those of ``slots`` that this buffer holds (local: the owned ones)."""
+        if self.holds_every_lane:
+            return self.layout.read_slots(slots)
+        return self.layout.write_slots(slots[self.layout.owned_mask(slots, self.rank)])
 
     def publish(self, group: RankGroup, layer: int) -> None:
         """Second half of the write fence of ``layer``: no-op for ``shm``; lane all-gather for ``mirrored``."""
@@ -113,8 +149,8 @@ def create_kv_buffer(
         group: the CP group; ``layout.cp_size`` must equal its size.
         layout: pool geometry (C, P, Q).
         num_layers, row_width: layers and floats per KV row.
-        kind: ``"shm"`` (CPU shared memory, gloo) or ``"mirrored"`` (a per-rank mirror of the sharded
-            view, filled by all-gather).
+        kind: ``"shm"`` (CPU shared memory, gloo), ``"mirrored"`` (a per-rank mirror of the sharded
+            view, filled by all-gather) or ``"local"`` (the own lane only, ``kv_access = local``).
         tag: unique name part of this run and buffer (the shm file is ``cpkv-kv-<tag>.bin``).
 
     Returns:
@@ -136,10 +172,11 @@ def create_kv_buffer(
         raise ConfigError(f"kv storage {kind!r} unknown; use one of {', '.join(KV_STORAGES)}{hint}")
     if layout.cp_size != group.world_size:
         raise ConfigError(f"layout cp_size={layout.cp_size} but the group has {group.world_size} ranks")
-    shape = (num_layers, layout.num_slots, row_width)
-    check_bytes(f"a KV buffer of {num_layers} layers x {layout.num_slots:,} slots x {row_width} floats",
-                4 * num_layers * layout.num_slots * row_width, ConfigError, "lower --pages-per-lane")  # fmt: skip
-    if kind == "mirrored":
+    rows = layout.lane_slots if kind == "local" else layout.num_slots
+    shape = (num_layers, rows, row_width)
+    check_bytes(f"a KV buffer of {num_layers} layers x {rows:,} slots x {row_width} floats",
+                4 * num_layers * rows * row_width, ConfigError, "lower --pages-per-lane")  # fmt: skip
+    if kind in ("mirrored", "local"):
         storage = torch.full(shape, float("nan"), dtype=torch.float32, device=group.device)
         return KVBuffer(layout, group.rank, storage, kind)
     if group.device.type != "cpu":

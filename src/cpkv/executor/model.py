@@ -33,6 +33,9 @@ KV_MODES = ("mla", "mha")
 ATTENTIONS = ("dense", "nsa")
 INDEXER_SEED_OFFSET = 1_000_003
 """The indexer's weights are drawn from ``seed + INDEXER_SEED_OFFSET`` (a generator of their own)."""
+LM_HEAD_SEED_OFFSET = 999_983
+"""The LM head (greedy decoding) is drawn from ``seed + LM_HEAD_SEED_OFFSET`` (below the indexer's offset,
+so every allowed seed stays a uint64)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +61,8 @@ class TinyDecoderConfig:
         index_head_dim: width of ``q_I`` heads and of ``k_I`` (default 128); the index-K pool row width.
         index_rope_dim: leading dims of ``q_I`` / ``k_I`` that get rotary embedding (default 64; even).
         index_topk: keys each query keeps, k (default 2048).
+        index_round: test knob: round ``q_I``, ``k_I`` and ``w`` to integers, so every index logit is a
+            small exact integer (the same in any summation order) and rows tie often (default False).
 
     Raises:
         ConfigError: a size below 1, an odd rotary width, an unknown ``kv_mode`` or ``attention``,
@@ -81,6 +86,7 @@ class TinyDecoderConfig:
     index_head_dim: int = 128
     index_rope_dim: int = 64
     index_topk: int = 2048
+    index_round: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "kv_lora_rank", "rope_dim",
@@ -147,7 +153,8 @@ class TinyDecoder:
         config: ``TinyDecoderConfig``; weights are drawn from ``torch.Generator().manual_seed(seed)`` on
             the CPU, then moved, so every process and device gets the same values. The indexer's weights
             come from a second generator (``seed + INDEXER_SEED_OFFSET``), so an ``nsa`` model has exactly
-            the weights of the dense model of the same seed plus its indexer.
+            the weights of the dense model of the same seed plus its indexer; the LM head ``[hidden,
+            vocab]`` of greedy decoding from a third (``seed + LM_HEAD_SEED_OFFSET``).
         device: torch device of the weights and of every result.
     """
 
@@ -182,6 +189,7 @@ class TinyDecoder:
                          w_gate_i=w(H, IH, gen=gi))  # fmt: skip
             self.layers.append(p)
         self.final_norm_w = norm_w(H)
+        self.lm_head = w(H, c.vocab_size, gen=torch.Generator().manual_seed(c.seed + LM_HEAD_SEED_OFFSET))
 
     # ------------------------------------------------------------------------------------------ layers
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -257,8 +265,8 @@ class TinyDecoder:
         into the index-K pool (SPEC C-NSA).
         """
         c, p = self.config, self.layers[layer]
-        k = rms_norm(x @ p["w_ki"], p["ki_norm"], c.rms_eps)
-        return _rope_leading(k, positions, c.index_rope_dim, c.rope_theta)
+        k = _rope_leading(rms_norm(x @ p["w_ki"], p["ki_norm"], c.rms_eps), positions, c.index_rope_dim, c.rope_theta)
+        return k.round() if c.index_round else k
 
     def index_queries(
         self, layer: int, x: torch.Tensor, positions: torch.Tensor
@@ -271,7 +279,8 @@ class TinyDecoder:
         c, p = self.config, self.layers[layer]
         q = (x @ p["w_qi"]).view(x.shape[0], c.index_heads, c.index_head_dim)
         w = (x @ p["w_gate_i"]) * c.index_heads**-0.5
-        return _rope_leading(q, positions, c.index_rope_dim, c.rope_theta), w
+        q = _rope_leading(q, positions, c.index_rope_dim, c.rope_theta)
+        return (q.round(), w.round()) if c.index_round else (q, w)
 
     def sparse_attention(
         self, layer: int, x: torch.Tensor, positions: torch.Tensor, topk: torch.Tensor, read_rows
@@ -301,9 +310,17 @@ class TinyDecoder:
         """Tied-embedding logits of final hidden states ``[n, hidden] -> [n, vocab]``."""
         return h @ self.embedding.T
 
+    def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LM-head logits of final hidden states ``[n, hidden] -> [n, vocab]`` float32 (greedy decoding)."""
+        return h @ self.lm_head
+
+    def next_tokens(self, h: torch.Tensor) -> torch.Tensor:
+        """Greedy next token of each final hidden state ``[n, hidden]``: ``[n]`` int64, ties to the lower id."""
+        return torch.argmax(self.lm_logits(h), dim=-1)
+
     def weights_digest(self) -> float:
         """Sum of all weights as a float64 checksum (equal in every process built from the same seed)."""
-        tensors = [self.embedding, self.final_norm_w] + [t for p in self.layers for t in p.values()]
+        tensors = [self.embedding, self.final_norm_w, self.lm_head] + [t for p in self.layers for t in p.values()]
         return float(sum(t.double().sum().item() for t in tensors))
 
     # ------------------------------------------------------------------------------------- reference

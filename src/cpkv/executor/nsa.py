@@ -45,6 +45,21 @@ class RankRun:
     hi: int
 
 
+def flat_runs(plan: BatchPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every rank's runs of ``plan.position_runs()`` with their request and first flat token index.
+
+    Returns:
+        ``(owner, req, a, b, flat)``, int64 ``[R]`` each: run j covers positions ``[a_j, b_j)`` of request
+        ``req_j``, computed by ``owner_j``; its tokens are flat indices ``flat_j .. flat_j + b_j - a_j - 1``
+        (the runs tile the batch in flat order).
+    """
+    owner, a, b = plan.position_runs()
+    length = b - a
+    flat = np.cumsum(length) - length
+    req = np.searchsorted(plan.extend_indptr, flat, side="right") - 1
+    return owner, req, a, b, flat
+
+
 def rank_runs(plan: BatchPlan, rank: int, own: np.ndarray) -> list[RankRun]:
     """The runs of ``rank`` from ``plan.position_runs()``, located among its own tokens.
 
@@ -59,10 +74,8 @@ def rank_runs(plan: BatchPlan, rank: int, own: np.ndarray) -> list[RankRun]:
     Raises:
         DistError: the plan's runs of ``rank`` do not cover exactly its own tokens (a planner bug).
     """
-    owner, a, b = plan.position_runs()
+    owner, req, a, b, flat = flat_runs(plan)
     length = b - a
-    flat = np.cumsum(length) - length  # flat index of each run's first token (runs tile the batch in order)
-    req = np.searchsorted(plan.extend_indptr, flat, side="right") - 1
     mine = np.flatnonzero(owner == rank)
     lo = np.cumsum(length[mine]) - length[mine]
     covered = (

@@ -7,13 +7,14 @@ computed once per request (``TinyDecoder.reference``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..estimator import mqa_logits_elements
 from .forward import ForwardOutput, WriteAudit
+from .local_attention import COMM_KINDS, local_logits_elements
 from .model import Reference, TinyDecoder
 from .scheduler import ForwardBatch, ReplicatedScheduler
 
@@ -37,6 +38,10 @@ class ForwardRecord:
         topk_mismatched: ``nsa``, rank 0: rows whose selected positions differ from the reference.
         topk_near_tie: ``nsa``, rank 0: of those, rows where the reference's k-th and (k+1)-th logits are
             within 1e-6 relative (allowed by C-NSA).
+        comm_bytes: ``{kind: {"sent": [C], "recv": [C]}}`` bytes each rank exchanged over all layers, per
+            kind of ``COMM_KINDS`` (all zero under ``shared``).
+        page_lanes: ``[B]`` lists, the lane of each page of each request's ``kv_slots`` (prefix and extend).
+        topk_digest: ``nsa`` under ``local``: this rank's SHA-256 of the forward's global top-k rows.
     """
 
     index: int
@@ -57,6 +62,9 @@ class ForwardRecord:
     topk_rows: int | None = None
     topk_mismatched: int | None = None
     topk_near_tie: int | None = None
+    comm_bytes: dict | None = None
+    page_lanes: list[list[int]] | None = None
+    topk_digest: str | None = None
 
     @property
     def logits_match(self) -> bool | None:
@@ -79,13 +87,17 @@ class CaseResult:
         pages_per_lane: ``[C]`` pages of each lane (Q_r; the shared layout has ``max`` of them).
         forwards: ``ForwardRecord`` per forward.
         audits: ``WriteAudit`` per forward, layer and pool (``audit_writes`` only).
-        max_abs_err: rank 0 only: max over forwards (None elsewhere).
+        max_abs_err: rank 0 only: max over forwards and decode steps (None elsewhere).
         unwritten_rows_intact: rank 0 only: every row of every pool that no token and no load-back wrote
             still holds its NaN guard bits (None elsewhere).
         lane_pages_used: ``[C]`` highest local page index + 1 that any written slot reached on each lane
             (<= ``pages_per_lane[r]``).
         cache_counters: the prefix cache's counters (empty without a cache).
         wall_s: seconds the case took on this rank.
+        kv_access: ``"shared"`` or ``"local"`` (SPEC C-MERGE).
+        decodes: ``DecodeRecord`` per decode batch (``DistCase.decode_steps > 0``).
+        pool_rows: rows per layer this rank's storage holds, per pool (``C*Q*P`` for a view of every lane,
+            ``Q*P`` under ``local``: one lane).
     """
 
     name: str
@@ -103,6 +115,9 @@ class CaseResult:
     lane_pages_used: list[int]
     cache_counters: dict
     wall_s: float
+    kv_access: str = "shared"
+    decodes: list = field(default_factory=list)
+    pool_rows: dict = field(default_factory=dict)
 
     @property
     def per_rank_tokens(self) -> list[int]:
@@ -111,13 +126,20 @@ class CaseResult:
 
     @property
     def logits_match(self) -> bool | None:
-        """``nsa``: measured == estimated logits elements on every forward, rank and layer (else None)."""
-        flags = [f.logits_match for f in self.forwards]
+        """``nsa``: measured == estimated logits elements on every forward and decode step, rank and layer
+        (else None)."""
+        flags = [f.logits_match for f in [*self.forwards, *self.decodes]]
         return None if not flags or flags[0] is None else all(flags)
 
+    @property
+    def tokens_match(self) -> bool | None:
+        """Rank 0: every decoded token equals the reference's greedy choice (None without decode steps)."""
+        return all(d.tokens_match for d in self.decodes) if self.decodes and self.rank == 0 else None
+
     def topk_counts(self) -> tuple[int, int, int]:
-        """Rank 0, ``nsa``: ``(rows compared, rows differing, of which near ties)`` over all forwards."""
-        fs = [f for f in self.forwards if f.topk_rows is not None]
+        """Rank 0, ``nsa``: ``(rows compared, rows differing, of which near ties)`` over all forwards and
+        decode steps."""
+        fs = [f for f in [*self.forwards, *self.decodes] if f.topk_rows is not None]
         return (sum(f.topk_rows for f in fs), sum(f.topk_mismatched for f in fs),  # type: ignore[misc]
                 sum(f.topk_near_tie for f in fs))  # type: ignore[misc]  # fmt: skip
 
@@ -128,11 +150,12 @@ class CaseResult:
 
 def record_forward(
     batch: ForwardBatch, out: ForwardOutput, sched: ReplicatedScheduler, model: TinyDecoder,
-    reference: dict[int, Reference], rank: int,
+    reference: dict[int, Reference], rank: int, local: bool = False,
 ) -> ForwardRecord:  # fmt: skip
     """The ``ForwardRecord`` of one forward; on rank 0 with the comparison against the reference.
 
-    ``reference`` caches each request's ``Reference`` (computed on first use, on rank 0 only).
+    ``reference`` caches each request's ``Reference`` (computed on first use, on rank 0 only); ``local``:
+    the forward ran under ``kv_access = local`` (the logits estimate is ``local_logits_elements``).
     """
     plan = batch.alloc.plan
     rids = batch.request_ids.tolist()
@@ -144,7 +167,7 @@ def record_forward(
     extra: dict = {}
     if nsa:
         extra["logits_measured"] = out.logits_elements.tolist()  # type: ignore[union-attr]
-        extra["logits_estimated"] = mqa_logits_elements(plan).tolist()
+        extra["logits_estimated"] = logits_estimate(batch, local).tolist()
     if rank == 0:
         refs = []
         for rid, l0, e in zip(rids, L0, E, strict=True):
@@ -167,8 +190,29 @@ def record_forward(
         index=batch.index, request_ids=rids, prefix_lens=L0, extend_lens=E, cache_hit_tokens=hits,
         phases=plan.request_phases.tolist(), head_owners=plan.head_owners.tolist(),
         per_rank_tokens=plan.per_rank_tokens.tolist(), max_rank_tokens=plan.max_rank_tokens,
-        own_tokens=out.own_tokens, **extra,
+        own_tokens=out.own_tokens, comm_bytes=comm_dict(out.comm_bytes), topk_digest=out.topk_digest,
+        page_lanes=[((s[:: plan.config.page_size] // plan.config.page_size) % plan.config.cp_size).tolist()
+                    for s in (t.cpu().numpy() for t in batch.kv_slots)],
+        **extra,
     )  # fmt: skip
+
+
+def logits_estimate(batch: ForwardBatch, local: bool) -> np.ndarray:
+    """Predicted index-logits elements per rank of one forward, int64 ``[C]``: ``mqa_logits_elements``
+    (C-ESTIMATE, ``shared``) or ``local_logits_elements`` (``local``)."""
+    plan = batch.alloc.plan
+    if local:
+        return local_logits_elements(plan, batch.kv_slots, plan.config.cp_size, plan.config.page_size)
+    return mqa_logits_elements(plan)
+
+
+def comm_dict(comm_bytes: np.ndarray | None) -> dict | None:
+    """``[C, 2K]`` sent-then-received bytes -> ``{kind: {"sent": [C], "recv": [C]}}`` (``COMM_KINDS``)."""
+    if comm_bytes is None:
+        return None
+    K = len(COMM_KINDS)
+    return {kind: {"sent": comm_bytes[:, k].tolist(), "recv": comm_bytes[:, K + k].tolist()}
+            for k, kind in enumerate(COMM_KINDS)}  # fmt: skip
 
 
 def _to_cpu(ref: Reference) -> Reference:

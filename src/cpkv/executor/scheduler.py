@@ -4,6 +4,10 @@ No page id is ever broadcast. Every rank builds the same ``OwnerLaneAllocator`` 
 makes the same calls in the same order on the same workload, so every rank holds the same
 ``out_cache_loc``, ``req_to_token`` rows and plans (SPEC C-ALLOC: the same call sequence yields the same
 pages). ``digest()`` summarises that state; the executor's debug mode all-gathers it to prove it.
+
+Decode (``hold_prompts``): a request whose prompt is done stays allocated and locked; the case decodes it
+(``schedule_decode``, one ``alloc_decode`` slot per request and step) and then ``release``s it. Those
+three, marked "decode" below, are the whole of the decode lifecycle here.
 """
 
 from __future__ import annotations
@@ -66,12 +70,14 @@ class ReplicatedScheduler:
         backup_fn, restore_fn: the cache's host-tier hooks (see ``PrefixCache``); the executor passes
             functions that copy a page's rows on its owner rank only.
         device: torch device of the slot tensors.
+        hold_prompts: keep a request whose prompt is done (for decode steps) instead of releasing it;
+            ``take_prompt_done`` lists them, ``release`` ends them.
     """
 
     def __init__(
         self, config: CPConfig, pages_per_lane: int | Sequence[int], workload: Workload, *,
         prefix_cache: bool = True, host_pages_per_lane: int = 0, backup_fn=None, restore_fn=None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device = "cpu", hold_prompts: bool = False,
     ) -> None:  # fmt: skip
         self.config = config
         self.workload = workload
@@ -90,6 +96,10 @@ class ReplicatedScheduler:
         self.req_to_token: dict[int, np.ndarray] = {}  # request id -> [len] int64 slots
         self._handle: dict[int, object] = {}  # request id -> locked cache handle
         self.cache_hit_tokens: dict[int, int] = {}  # request id -> tokens matched on its first forward
+        self.hold_prompts = hold_prompts
+        self.generated: dict[int, list[int]] = {}  # decode: request id -> tokens fed so far
+        self._cached_len: dict[int, int] = {}  # leading slots of a held request that belong to the cache
+        self._prompt_done: list[int] = []
 
     # -------------------------------------------------------------------------------------- schedule
     def schedule(self, index: int) -> ForwardBatch:
@@ -154,12 +164,59 @@ class ReplicatedScheduler:
                 tail = row[res.slots.shape[0] :]  # the partial last page, still the request's own
             else:
                 tail = row
-            if done:
+            if done and self.hold_prompts:  # decode: kept, with its lock and its partial last page
+                self._cached_len[rid] = row.shape[0] - tail.shape[0]
+                self._prompt_done.append(rid)
+            elif done:
                 if self.cache is not None:
                     self.cache.unlock(self._handle.pop(rid))
                 self.allocator.free(np.unique(tail // self.config.page_size))
                 del self.req_to_token[rid]
 
+    # ------------------------------------------------------------------------------------------ decode
+    def take_prompt_done(self) -> list[int]:
+        """Decode: the held requests whose prompt finished since the last call, in finishing order."""
+        done, self._prompt_done = self._prompt_done, []
+        return done
+
+    def schedule_decode(self, index: int, request_ids: Sequence[int], tokens: Sequence[int]) -> ForwardBatch:
+        """Decode: one step of held requests, token ``tokens[i]`` appended to request ``request_ids[i]``.
+
+        Each request gets one slot from ``alloc_decode`` (a new page only when the position starts one, on
+        the lane the policy gives; its owner computes the token, C-OWNER-EQ-COMPUTE), evicting on a short
+        lane as ``schedule`` does.
+
+        Raises:
+            LaneExhausted: a lane is still short after eviction. PlanError: a request that is not held.
+        """
+        rids = np.asarray(request_ids, dtype=_I64)
+        for rid in rids.tolist():
+            if rid not in self._cached_len:
+                raise PlanError(f"decode step {index}: request {rid} is not a held request whose prompt is done")
+        rows = [self.req_to_token[rid] for rid in rids.tolist()]
+        seq = np.asarray([r.shape[0] for r in rows], dtype=_I64)
+        alloc = self._alloc(seq, None, np.asarray([r[-1] for r in rows], dtype=_I64))
+        loc = alloc.out_cache_loc.cpu().numpy()
+        slots = []
+        for i, rid in enumerate(rids.tolist()):
+            self.req_to_token[rid] = np.append(rows[i], loc[i])
+            self.generated.setdefault(rid, []).append(int(tokens[i]))
+            slots.append(torch.from_numpy(self.req_to_token[rid].copy()).to(self.device))
+        return ForwardBatch(
+            index=index, request_ids=rids, alloc=alloc,
+            token_ids=torch.as_tensor(np.asarray(tokens, dtype=_I64)).to(self.device),
+            positions=torch.from_numpy(seq).to(self.device), token_req=np.arange(rids.shape[0], dtype=_I64),
+            kv_slots=tuple(slots),
+        )  # fmt: skip
+
+    def release(self, rid: int) -> None:
+        """Decode: end a held request: unlock its cache handle and free the pages it holds on its own."""
+        row = self.req_to_token.pop(rid)
+        if self.cache is not None:
+            self.cache.unlock(self._handle.pop(rid))
+        self.allocator.free(np.unique(row[self._cached_len.pop(rid) :] // self.config.page_size))
+
+    # ------------------------------------------------------------------------------------------- cache
     def flush_cache(self) -> None:
         """Evict every unlocked cached page of every lane (to the host tier where it has room)."""
         assert self.cache is not None
@@ -171,6 +228,8 @@ class ReplicatedScheduler:
         h = hashlib.sha256(self.allocator.state_digest().encode())
         for rid in sorted(self.req_to_token):
             h.update(np.int64(rid).tobytes() + self.req_to_token[rid].tobytes())
+        for rid in sorted(self.generated):  # decode: the tokens every rank chose from the gathered hidden
+            h.update(np.int64(rid).tobytes() + np.asarray(self.generated[rid], dtype=_I64).tobytes())
         if self.cache is not None:
             h.update(repr(sorted(tuple(e[:5]) for e in self.cache.entries())).encode())
         return h.hexdigest()
@@ -190,11 +249,18 @@ class ReplicatedScheduler:
         self.req_to_token[rid] = match.device_slots.copy()
         self.cache_hit_tokens[rid] = match.device_len
 
-    def _alloc(self, L0: np.ndarray, E: np.ndarray, last: np.ndarray) -> ExtendAllocation:
+    def _alloc(self, L0: np.ndarray, E: np.ndarray | None, last: np.ndarray) -> ExtendAllocation:
+        """``alloc_extend`` (``alloc_decode`` when ``E`` is None), evicting on a short lane and retrying."""
+
+        def alloc() -> ExtendAllocation:
+            if E is None:
+                return self.allocator.alloc_decode(L0, last)
+            return self.allocator.alloc_extend(L0, E, last)
+
         for _ in range(self.config.cp_size):
             try:
-                return self.allocator.alloc_extend(L0, E, last)
+                return alloc()
             except LaneExhausted as e:
                 if self.cache is None or self.cache.evict(e.lane, e.needed - e.available) == 0:
                     raise
-        return self.allocator.alloc_extend(L0, E, last)
+        return alloc()

@@ -28,15 +28,20 @@ class Workload:
             position the request reaches; each request appears at most once per forward.
         flush_before: forward indices before which every unlocked prefix-cache page is evicted (written
             back to the host tier when it has room), so the forward's hits load back from host (C-RELOAD).
+        decode_after: forward indices after which the requests whose prompts are done are decoded
+            together (``DistCase.decode_steps``); after the last forward they always are. (A request held
+            for decode keeps its cache lock, so a flush cannot evict its pages.)
     """
 
     requests: tuple[tuple[int, ...], ...]
     forwards: tuple[tuple[tuple[int, int], ...], ...]
     flush_before: frozenset[int] = frozenset()
+    decode_after: frozenset[int] = frozenset()
 
-    def total_pages(self, page_size: int) -> int:
-        """Pages that hold every request at once: ``sum(ceil(len / P))`` (an upper bound on live pages)."""
-        return sum(-(-len(t) // page_size) for t in self.requests)
+    def total_pages(self, page_size: int, extra_tokens: int = 0) -> int:
+        """Pages that hold every request at once, each with ``extra_tokens`` more (decode):
+        ``sum(ceil((len + extra) / P))`` (an upper bound on live pages)."""
+        return sum(-(-(len(t) + extra_tokens) // page_size) for t in self.requests)
 
 
 def split_lengths(total: int, parts: int) -> list[int]:
@@ -65,7 +70,9 @@ def make_workload(
     With ``reuse``, a second wave: request ``B + i`` is request i's whole prompt plus ``max(1, E_i // 2)``
     fresh tokens, run in two forwards after wave 1; its first forward hits the prefix cache (page
     aligned), its second continues its own chunk. With ``reload`` the cache is flushed to the host tier
-    before wave 2, so those hits load back.
+    before wave 2, so those hits load back. Decode steps (``DistCase.decode_steps``) run after the last
+    forward, for every request at once; with ``reload`` wave 1 is decoded (and released) before the
+    flush, so its pages can go to the host tier.
 
     Args:
         prefix_lens, extend_lens: ``[B]`` tokens per request (ints >= 0, ``extend_len >= 1`` each).
@@ -113,6 +120,7 @@ def make_workload(
         if step:
             forwards.append(step)
     flush: set[int] = set()
+    decode_after = {len(forwards) - 1} if reload else set()  # decode wave 1 before the flush lets go
     if reuse or reload:
         fresh = [max(1, E // 2) for E in extend_lens]
         for i in range(B):
@@ -124,4 +132,5 @@ def make_workload(
         second = tuple((B + i, full[i]) for i in range(B) if fresh[i] // 2 > 0)
         if second:
             forwards.append(second)
-    return Workload(requests=tuple(requests), forwards=tuple(forwards), flush_before=frozenset(flush))
+    return Workload(requests=tuple(requests), forwards=tuple(forwards), flush_before=frozenset(flush),
+                    decode_after=frozenset(decode_after))  # fmt: skip

@@ -15,9 +15,9 @@ FLAGS = {
     "simulate": ["--chunk-size", "--colocated-decode", "--cp-size", "--host-pages-per-lane", "--logits-budget-mb",
                  "--max-batch-tokens", "--max-requests", "--no-progress", "--out", "--page-size", "--pages-per-lane",
                  "--policy", "--seed", "--spec-accept-rate", "--spec-draft-tokens", "--trace", "--workload"],
-    "run-dist": ["--attention", "--chunks", "--cp-size", "--extend-len", "--index-heads", "--index-topk", "--json",
-                 "--kv-mode", "--layers", "--no-reuse", "--page-size", "--pages-per-lane", "--policy", "--prefix-len",
-                 "--reuse", "--seed"],
+    "run-dist": ["--attention", "--chunks", "--cp-size", "--decode-steps", "--extend-len", "--index-heads",
+                 "--index-topk", "--json", "--kv-access", "--kv-mode", "--layers", "--no-reuse", "--page-size",
+                 "--pages-per-lane", "--policy", "--prefix-len", "--reuse", "--seed"],
 }  # fmt: skip
 
 
