@@ -214,10 +214,13 @@ class StepBuilder:
         ``alloc_draft`` for a speculative step).
 
         Evicting can move ``balanced`` phases (they follow free pages), so the plan is checked again after
-        each eviction; a batch that no longer fits loses its last request (it waits). Each round evicts
-        at least one page or drops one request, so this ends.
+        each eviction; a balanced batch whose phases moved onto a lane without room first frees evictable
+        pages (``make_free_page``, as many as the batch's new pages, while the room holds them in total: the
+        page sizing made free may have gone to an admission's load-back since), then loses its last request
+        (it waits). Each round evicts at least one page or drops one request, so this ends.
         """
         C = self.config.cp_size
+        spare = None  # pages make_free_page may still free for this batch
         while self.keys:
             args = (self._L0, self._E, self._last)
             free = self.alloc.free_pages_per_lane()
@@ -225,7 +228,13 @@ class StepBuilder:
             need = np.bincount(plan.page_owners, minlength=C)
             logits = mqa_logits_elements(plan) if self.limit is not None else None  # the batch's: at return
             room = free + self.cache.evictable_pages_per_lane()
-            if (need > room).any() or (logits is not None and int(logits.max()) > self.limit):
+            over_budget = logits is not None and int(logits.max()) > self.limit
+            if (need > room).any() or over_budget:
+                spare = int(need.sum()) if spare is None else spare
+                if (not over_budget and spare > 0 and int(need.sum()) <= int(room.sum())
+                        and follows_free_pages(self.alloc.config.owner_policy) and self.make_free_page(anywhere=True)):
+                    spare -= 1
+                    continue
                 for items in (self.keys, self._L0, self._E, self._last):
                     items.pop()
                 continue

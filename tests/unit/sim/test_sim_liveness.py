@@ -117,6 +117,14 @@ FOUND = [
       (84.0, 6, 0, (1,)), (84.0, 1, 4, (160,)), (124.0, 12, 4, (0,)), (125.0, 10, 1, (0,)), (126.0, 4, 0, (190,)),
       (166.0, 12, 0, (200,)), (206.0, 3, 2, (1,)), (207.0, 3, 3, (220,)), (247.0, 2, 0, (1,)), (248.0, 15, 2, (0,)),
       (248.0, 13, 0, (1,)), (288.0, 4, 2, (260,)), (289.0, 3, 4, (0,))]),
+    # balanced, P=2, lane 0 with one usable page (the running request's): sizing freed an evictable page on
+    # lane 1 for the one-token chunk, a waiting request's host load-back took it, and at commit the phase went
+    # back to lane 0 (no room): dropped, every step (pre-existing; found once the search covered P=2)
+    ("balanced", dict(cp_size=2, page_size=2, pages_per_lane=(2, 10), chunk_size=1, max_batch_tokens=15,
+                      max_running=5, host_pages_per_lane=4, logits_budget_mb=0.000728607177734375),
+     [(1.0, 6, 0, (1,)), (41.0, 14, 4, (1,)), (42.0, 11, 4, (120,)), (42.0, 16, 3, (1,)), (42.0, 7, 0, (140,)),
+      (82.0, 8, 1, (150,)), (83.0, 4, 4, (160,)), (123.0, 7, 0, (0,)), (123.0, 5, 4, (1,)), (163.0, 13, 4, (0,)),
+      (164.0, 12, 0, (200,)), (204.0, 2, 4, (0,)), (205.0, 16, 1, (220,)), (245.0, 9, 2, (1,))]),
 ]  # fmt: skip
 
 
