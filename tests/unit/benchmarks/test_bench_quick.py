@@ -21,7 +21,7 @@ SCRIPTS = [
     ("bench_layout.py", [], "fresh copy ms"),
     ("bench_memory.py", [], "allocator B/page"),
     pytest.param(
-        "bench_simulate.py", ["--max-requests", "100"], "peak RSS MiB",
+        "bench_simulate.py", ["--max-requests", "100", "--cost-model", "illustrative"], "peak RSS MiB",
         marks=pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
     ),
     pytest.param(
