@@ -4,7 +4,9 @@ Figures are not checked here: speed is tracked by the full runs in benchmarks/RE
 """
 
 import importlib.metadata
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[3]
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+NO_COST_EXTRA = importlib.util.find_spec("aiconfigurator_core") is None and os.environ.get("CPKV_REQUIRE_COST") != "1"
 
 SCRIPTS = [
     ("bench_plan_alloc.py", [], "plan+alloc ms"),
@@ -23,6 +26,10 @@ SCRIPTS = [
     pytest.param(
         "bench_simulate.py", ["--max-requests", "100", "--cost-model", "illustrative"], "peak RSS MiB",
         marks=pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
+    ),
+    pytest.param(
+        "bench_costs.py", [], "aiconfigurator ms",
+        marks=pytest.mark.skipif(NO_COST_EXTRA, reason="needs the cost extra (aiconfigurator)"),
     ),
     pytest.param(
         "bench_prefix_cache.py", [], "hit tokens",
