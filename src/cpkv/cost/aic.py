@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from functools import lru_cache
 from importlib import import_module, metadata
 
@@ -103,17 +104,19 @@ class _Engine:
         spec_json = _guard(what, engine_mod.build_engine_spec_json, model, model_path=spec.model, system=spec.gpu,
                            backend=spec.backend, backend_version=self.version, kv_block_size=None,
                            systems_path=None, nextn=0, database=db)  # fmt: skip
-        self.handle = _guard(what, lambda: engine_mod.EngineHandle(bytes(core.engine_spec_bincode_from_json(spec_json))))
+        wire = _guard(what, core.engine_spec_bincode_from_json, spec_json)
+        self.handle = _guard(what, engine_mod.EngineHandle, bytes(wire))
         self.what = what
         self.ops = {}  # phase -> {class: [(index, op spec)]}
-        for phase, ops, names in (("context", model.context_ops, _CONTEXT), ("generation", model.generation_ops, _GENERATION)):
+        phases = (("context", model.context_ops, _CONTEXT), ("generation", model.generation_ops, _GENERATION))
+        for phase, ops, names in phases:
             classes: dict[str, list[tuple[int, dict]]] = {}
             for i, op in enumerate(json.loads(engine_mod.build_ops_json(ops))):
                 kind, fields = next(iter(op.items()))
                 cls = names.get(fields["name"])
                 if cls is None:
-                    raise CostModelError(f"cpkv cannot compose {spec.model!r}: its {phase} operator "
-                                         f"{fields['name']!r} ({kind}) is not one of a DeepSeek sparse-attention model's")  # fmt: skip
+                    raise CostModelError(f"cpkv cannot compose {spec.model!r}: its {phase} operator {fields['name']!r} "
+                                         f"({kind}) is not one of a DeepSeek sparse-attention model's")  # fmt: skip
                 classes.setdefault(cls, []).append((i, {"kind": kind, **fields}))
             self.ops[phase] = classes
         if [op["kind"] for _, op in self.ops["context"].get("attention", [])] != ["DsaContext"]:
@@ -201,6 +204,11 @@ def price_tables(spec: MeasuredSpec, cp_size: int) -> PriceTables:
         indexer_ms_per_element=max(far, 0.0) / (8192 * 65536),
         comm=CommCost(_collective_sampler(one, core_ops)),
     )  # fmt: skip
+    return replace(tables, provenance=_provenance(spec, one, tables))
+
+
+def _provenance(spec: MeasuredSpec, one: _Engine, tables: PriceTables) -> dict:
+    """What priced the tables, for report.json: names, versions and a digest of the sampled tables."""
     digest = hashlib.sha256()
     for table in (tables.attention, tables.gen_attention):
         digest.update(table.z.tobytes())
@@ -208,12 +216,11 @@ def price_tables(spec: MeasuredSpec, cp_size: int) -> PriceTables:
                   tables.gen_group, tables.gen_logits):  # fmt: skip
         digest.update(curve.y.tobytes())
     nccl = (one.database.system_spec.get("misc") or {}).get("nccl_version")
-    tables.provenance.update({
+    return {
         "cost_model": "measured", "gpu": spec.gpu, "model": spec.model, "backend": spec.backend,
         "backend_version": one.version, "nccl_version": nccl,
         "data_version": f"{spec.backend} {one.version}, nccl {nccl}",
         "aiconfigurator_version": aiconfigurator_version(),
-        "cp_size": cp_size, "ep_size": ep, "moe_tp_size": cp_size // ep, "num_layers": layers,
-        "tables_sha256": digest.hexdigest()[:16],
-    })  # fmt: skip
-    return tables
+        "cp_size": tables.cp_size, "ep_size": tables.ep_size, "moe_tp_size": tables.moe_tp_size,
+        "num_layers": tables.num_layers, "tables_sha256": digest.hexdigest()[:16],
+    }  # fmt: skip

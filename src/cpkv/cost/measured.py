@@ -28,16 +28,12 @@ import numpy as np
 from ..planner import BatchPlan
 from .comm import CommCost
 from .spec import MeasuredSpec
+from .step_cost import causal_pairs_per_rank
 from .tables import PriceTables
 
 BREAKDOWN = ("linear", "attention", "indexer", "comm")
 HIDDEN_BYTES = 2
 """Bytes of one hidden-state element in the gather-back (bf16)."""
-
-
-def _pairs(owner: np.ndarray, a: np.ndarray, b: np.ndarray, cp_size: int) -> np.ndarray:
-    """Sum of ``position + 1`` over each rank's tokens (their context lengths), float64 ``[C]``."""
-    return np.bincount(owner, weights=(b - a) * (a + b + 1) / 2, minlength=cp_size)
 
 
 def _tokens(plan: BatchPlan | None) -> BatchPlan | None:
@@ -89,7 +85,8 @@ class MeasuredCost:
         """All-gather of ``rows`` hidden-state rows per rank (``C * rows`` in all, C-GATHER), ms."""
         v = self._gather.get(rows)
         if v is None:
-            v = self._gather[rows] = self.comm.allgather_ms(rows * self.tables.hidden_size * HIDDEN_BYTES, self.cp_size)
+            nbytes = rows * self.tables.hidden_size * HIDDEN_BYTES
+            v = self._gather[rows] = self.comm.allgather_ms(nbytes, self.cp_size)
         return v
 
     def kv_allgather_ms(self, rows_per_rank) -> float:
@@ -118,8 +115,7 @@ class MeasuredCost:
 
     def _decode_attention(self, decode: BatchPlan) -> np.ndarray:
         d = decode.per_rank_tokens
-        owner, a, b = decode.position_runs()
-        mean_len = _pairs(owner, a, b, self.cp_size) / np.maximum(d, 1)
+        mean_len = causal_pairs_per_rank(decode) / np.maximum(d, 1)  # pairs: the tokens' context lengths
         return np.where(d > 0, self.tables.gen_attention(d, mean_len), 0.0)
 
     def _parts(self, prefill: BatchPlan | None, decode: BatchPlan | None):

@@ -1,4 +1,5 @@
-"""The interface a scheduler prices its steps through (SPEC C-COST): one call per step, per-rank work back."""
+"""The interface a scheduler prices its steps through (SPEC C-COST): one call per step, per-rank work back;
+and the causal pairs of each rank's runs, which both cost models read."""
 
 from __future__ import annotations
 
@@ -7,6 +8,18 @@ from typing import Protocol
 import numpy as np
 
 from ..planner import BatchPlan
+
+
+def causal_pairs_per_rank(plan: BatchPlan) -> np.ndarray:
+    """Causal (query, key) pairs each rank computes, float64 ``[C]``, prefix keys included.
+
+    A run of absolute positions ``[a, b)`` has queries ``q`` attending keys ``0..q``:
+    ``sum_{q=a}^{b-1} (q + 1) = (b - a) * (a + b + 1) / 2``. Runs come from ``plan.position_runs()``.
+    Example P=1, C=2, L0=0, E=5 (owners 0,0,1,1,0): rank 0 runs [0,2) -> 3 and [4,5) -> 5: 8; rank 1 [2,4) -> 7.
+    """
+    owner, a, b = plan.position_runs()
+    pairs = (b - a) * (a + b + 1) / 2  # float64: exact below 2**53, as positions are (MAX_POSITION)
+    return np.bincount(owner, weights=pairs, minlength=plan.config.cp_size)
 
 
 class StepCost(Protocol):

@@ -11,20 +11,11 @@ from dataclasses import asdict
 
 import numpy as np
 
+from ..cost.step_cost import causal_pairs_per_rank
 from ..planner import BatchPlan
 from .config import CostModel, SimConfig
 
-
-def causal_pairs_per_rank(plan: BatchPlan) -> np.ndarray:
-    """Causal (query, key) pairs each rank computes, float64 ``[C]``, prefix keys included.
-
-    A run of absolute positions ``[a, b)`` has queries ``q`` attending keys ``0..q``:
-    ``sum_{q=a}^{b-1} (q + 1) = (b - a) * (a + b + 1) / 2``. Runs come from ``plan.position_runs()``.
-    Example P=1, C=2, L0=0, E=5 (owners 0,0,1,1,0): rank 0 runs [0,2) -> 3 and [4,5) -> 5: 8; rank 1 [2,4) -> 7.
-    """
-    owner, a, b = plan.position_runs()
-    pairs = (b - a) * (a + b + 1) / 2  # float64: exact below 2**53, as positions are (MAX_POSITION)
-    return np.bincount(owner, weights=pairs, minlength=plan.config.cp_size)
+__all__ = ["IllustrativeCost", "causal_pairs_per_rank", "step_cost", "step_work"]
 
 
 def step_work(

@@ -4,20 +4,19 @@ Figures are not checked here: speed is tracked by the full runs in benchmarks/RE
 """
 
 import importlib.metadata
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import cost_extra
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[3]
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
-NO_COST_EXTRA = importlib.util.find_spec("aiconfigurator_core") is None and os.environ.get("CPKV_REQUIRE_COST") != "1"
 
 SCRIPTS = [
     ("bench_plan_alloc.py", [], "plan+alloc ms"),
@@ -29,7 +28,7 @@ SCRIPTS = [
     ),
     pytest.param(
         "bench_costs.py", [], "aiconfigurator ms",
-        marks=pytest.mark.skipif(NO_COST_EXTRA, reason="needs the cost extra (aiconfigurator)"),
+        marks=pytest.mark.skipif(not (cost_extra.INSTALLED or cost_extra.REQUIRED), reason="needs the cost extra"),
     ),
     pytest.param(
         "bench_prefix_cache.py", [], "hit tokens",

@@ -1,14 +1,13 @@
 """`cpkv simulate --cost-model measured|illustrative` (SPEC C-COST): the measured default, its provenance in
 the report, one-line errors before any replay, and the missing extra named."""
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from cost_extra import require_cost_extra
 from cpkv.cli import main
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-COST")]
@@ -26,13 +25,6 @@ sys.meta_path.insert(0, Block())
 from cpkv.cli import main
 sys.exit(main(sys.argv[1:]))
 """
-
-
-def _has_aic():
-    if importlib.util.find_spec("aiconfigurator_core") is None:
-        if os.environ.get("CPKV_REQUIRE_COST") == "1":
-            pytest.fail("CPKV_REQUIRE_COST=1 but aiconfigurator is not installed")
-        pytest.skip("needs the cost extra (aiconfigurator): pip install 'cpkv[cost]'")
 
 
 def test_missing_extra_is_one_error_line_naming_it(tmp_path):
@@ -60,7 +52,7 @@ def test_measured_only_flags_with_the_illustrative_model_exit_2(tmp_path, capsys
 
 
 def test_measured_default_writes_its_provenance(tmp_path, capsys):
-    _has_aic()
+    require_cost_extra()
     out = tmp_path / "o"
     assert main([*SMALL, "--out", str(out)]) == 0
     table = capsys.readouterr().out
@@ -88,7 +80,7 @@ def test_measured_default_writes_its_provenance(tmp_path, capsys):
 )
 def test_measured_errors_are_one_line_before_any_replay(argv, message, tmp_path, capsys):
     if "--gpu" in argv:
-        _has_aic()
+        require_cost_extra()
     out = tmp_path / "o"
     assert main([*SMALL, *argv, "--out", str(out)]) == 2
     err = capsys.readouterr().err

@@ -1,19 +1,14 @@
-"""The measured cost model's tests need aiconfigurator (the ``cost`` extra): they skip cleanly without it,
-except under ``CPKV_REQUIRE_COST=1`` (``make test``), where a missing extra fails them."""
-
-import importlib.util
-import os
+"""Fixtures of the measured cost model's tests (``tests/cost_extra.py`` decides whether they run)."""
 
 import pytest
+
+from cost_extra import require_cost_extra
 
 
 @pytest.fixture(scope="session")
 def aic():
     """Skip (or, under CPKV_REQUIRE_COST=1, fail) unless aiconfigurator is installed."""
-    if importlib.util.find_spec("aiconfigurator_core") is None:
-        if os.environ.get("CPKV_REQUIRE_COST") == "1":
-            pytest.fail("CPKV_REQUIRE_COST=1 but aiconfigurator is not installed (pip install 'cpkv[cost]')")
-        pytest.skip("needs the cost extra (aiconfigurator): pip install 'cpkv[cost]'")
+    require_cost_extra()
 
 
 @pytest.fixture(scope="session")
