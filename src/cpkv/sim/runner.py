@@ -121,7 +121,7 @@ def simulate(
 
 def cost_line(provenance: dict) -> str:
     """What priced the run, for the table's title: e.g. ``times: measured h200_sxm deepseek-ai/DeepSeek-V3.2
-    sglang 0.5.14 (aiconfigurator 0.12.0)`` or ``times: illustrative constants``."""
+    sglang 0.5.14 (aiconfigurator 0.12.0, EP 8)`` or ``times: illustrative constants (not a GPU's)``."""
     if provenance.get("cost_model") != "measured":
         return "times: illustrative constants (not a GPU's)"
     p = provenance

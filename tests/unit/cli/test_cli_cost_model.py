@@ -27,6 +27,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_missing_extra_is_one_error_line_naming_it(tmp_path):
     out = tmp_path / "o"
     proc = subprocess.run([sys.executable, "-c", _NO_AIC, *SMALL, "--out", str(out)], capture_output=True, text=True,

@@ -65,6 +65,7 @@ def test_curve_interpolates_the_monotone_samples_and_at_agrees(ys, queries):
     assert np.all(np.diff(c(qs)) >= -1e-9)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(surfaces(), st.data())
 def test_surface_is_bilinear_inside_and_monotone_everywhere(xyz, data):

@@ -46,6 +46,7 @@ def batches(draw, max_requests=3):
     return C, P, prefix, extend, heads
 
 
+@pytest.mark.slow
 def test_one_rank_matches_aiconfigurators_own_prefill_prediction(measured):
     # The acceptance line: at C=1 the composed step is within 10 % of predict_prefill_latency (isl counts
     # the prefix). benchmarks/bench_costs.py prints the figures.
