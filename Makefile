@@ -3,7 +3,8 @@
 # in their own .venv-sglang (SGLang 0.5.23 without its dependencies, plus the pinned set it imports), and
 # the SGLang 0.5.9 differential tests in .venv-sglang059 (0.5.9 over .venv-sglang's packages).
 # `make test-quick` is the edit loop: unit tests without the ones marked slow or distributed (CI
-# runs `make test`, everything).
+# runs `make test`, everything). `make test` sets CPKV_REQUIRE_COST=1: a missing aiconfigurator (the `cost`
+# extra) fails the measured cost model's tests instead of skipping them.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -31,8 +32,8 @@ $(BIN)/cpkv: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	@echo "Installing $(TORCH_SPEC), the longest step (a few minutes):"
 	$(BIN)/pip install --progress-bar on $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	@echo "Installing cpkv with the dev and gpu extras ($(or $(TRITON_SPEC),triton): a 290 MB wheel):"
-	$(BIN)/pip install -q -e ".[dev,gpu]" $(if $(TRITON_SPEC),"$(TRITON_SPEC)")
+	@echo "Installing cpkv with the dev, gpu and cost extras ($(or $(TRITON_SPEC),triton): a 290 MB wheel; aiconfigurator with pandas, pyarrow, scipy: 0.5 GB):"
+	$(BIN)/pip install -q -e ".[dev,gpu,cost]" $(if $(TRITON_SPEC),"$(TRITON_SPEC)")
 	touch $(BIN)/cpkv
 
 install: $(BIN)/cpkv
@@ -43,7 +44,7 @@ demo: install
 test: install
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/python -m cpkv.gov check $(if $(wildcard ../shared/design/SPEC.md),--spec ../shared/design/SPEC.md)
-	$(BIN)/python -m pytest -q
+	CPKV_REQUIRE_COST=1 $(BIN)/python -m pytest -q
 
 $(SGLANG_BIN)/.installed: pyproject.toml $(SGLANG_REQS)
 	$(PYTHON) -m venv $(SGLANG_VENV)

@@ -1,19 +1,23 @@
-"""The simulator on the Mooncake conversation trace under one policy: wall time, requests/s, peak RSS.
+"""The simulator on the Mooncake conversation trace: wall time, requests/s, peak RSS; cost models compared.
 
-    python benchmarks/bench_simulate.py [--quick] [--max-requests N] [--policy rotation] [--json PATH]
+    python benchmarks/bench_simulate.py [--quick] [--max-requests N] [--policy rotation|all]
+                                        [--cost-model measured|illustrative] [--compare-costs ROUNDS] [--json PATH]
 
 Runs the real CLI in a child process, exactly
 ``cpkv simulate --trace ../shared/traces/mooncake_conversation_trace.jsonl --policy P --no-progress
---out DIR``
+--cost-model M --out DIR``
 (``--quick``: plus ``--max-requests 200``), so the peak RSS is that of the command alone (interpreter and
 imports included; ``simulate`` does not import torch). "wall" is the child's wall time from start to
-exit, "sim" the ``sim_wall_s`` of its report (the step loop only). See README.md.
+exit, "sim" the ``sim_wall_s`` of its report summed over its policies (the step loop only).
+``--compare-costs N`` runs the command N times under each cost model, alternated (measured,
+illustrative, measured, ...), and prints each run and the ratio of the medians (issue 25's acceptance:
+the measured replay within 1.5x of the illustrative one). See README.md.
 """
 
 from __future__ import annotations
 
 import json
-import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,36 +27,62 @@ from pathlib import Path
 from _common import ROOT, parser, print_table, write_json
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
-ENTRY = "import sys; from cpkv.cli import main; sys.exit(main())"
+ENTRY = ("import resource, sys; from cpkv.cli import main; rc = main(); "
+         "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)")  # fmt: skip
+HEADER = ["cost model", "policy", "requests", "finished", "wall s", "sim s", "req/s (wall)", "req/s (sim)",
+          "peak RSS MiB", "TTFT p50 ms", "TTFT p99 ms"]  # fmt: skip
 
 
-def main() -> None:
-    p = parser(__doc__.splitlines()[0])
-    p.add_argument("--max-requests", type=int, default=None, help="cap on trace lines (--quick: 200)")
-    p.add_argument("--policy", default="rotation", help="owner policy (default rotation)")
-    p.add_argument("--trace", type=Path, default=TRACE, help="trace (default: the shared Mooncake trace)")
-    args = p.parse_args()
-    cap = args.max_requests or (200 if args.quick else None)
+def run(args, cost_model: str, cap: int | None) -> tuple[list, dict]:
+    """One child ``cpkv simulate``: its table row and its figures."""
     with tempfile.TemporaryDirectory() as out_dir:
-        cmd = ["simulate", "--trace", str(args.trace), "--policy", args.policy, "--no-progress"]
-        cmd += ["--out", out_dir] + (["--max-requests", str(cap)] if cap else [])
+        cmd = ["simulate", "--trace", str(args.trace), "--policy", args.policy, "--no-progress",
+               "--cost-model", cost_model, "--out", out_dir] + (["--max-requests", str(cap)] if cap else [])  # fmt: skip
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", ENTRY, *cmd], cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             sys.exit(f"cpkv simulate failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
         report = json.loads((Path(out_dir) / "report.json").read_text())
-    rss_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # Linux: KiB
-    metrics = report["policies"][args.policy]
-    n, sim = metrics["requests_total"], metrics["sim_wall_s"]
-    row = [args.policy, n, metrics["requests_finished"], wall, sim, n / wall, n / sim if sim else 0.0,
-           rss_mib]  # fmt: skip
-    header = ["policy", "requests", "finished", "wall s", "sim s", "req/s (wall)", "req/s (sim)",
-              "peak RSS MiB"]  # fmt: skip
-    print_table(f"cpkv simulate {args.trace.name} (targets: full trace <= 60 s, <= 2048 MiB)", header, [row])
-    write_json(args.json, {"benchmark": "simulate", "quick": args.quick, "command": ["cpkv", *cmd],
-                           "wall_s": wall, "sim_wall_s": sim, "requests": n, "peak_rss_mib": rss_mib,
-                           "metrics": metrics})  # fmt: skip
+    rss_mib = int(proc.stderr.rsplit("peak_rss_kib", 1)[1].split()[0]) / 1024  # Linux: KiB
+    policies = report["policies"]
+    n = sum(m["requests_total"] for m in policies.values())
+    sim = sum(m["sim_wall_s"] for m in policies.values())
+    ttft = [(m["ttft_ms_p50"], m["ttft_ms_p99"]) for m in policies.values()]
+    row = [cost_model, args.policy, n, sum(m["requests_finished"] for m in policies.values()), wall, sim, n / wall,
+           n / sim if sim else 0.0, rss_mib, " / ".join(f"{a:,.0f}" for a, _ in ttft),
+           " / ".join(f"{b:,.0f}" for _, b in ttft)]  # fmt: skip
+    return row, {"command": ["cpkv", *cmd], "wall_s": wall, "sim_wall_s": sim, "requests": n, "peak_rss_mib": rss_mib,
+                 "metrics": policies, "cost_provenance": report["config"]["cost_provenance"]}  # fmt: skip
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--max-requests", type=int, default=None, help="cap on trace lines (--quick: 200)")
+    p.add_argument("--policy", default="rotation", help="owner policy, or all (default rotation)")
+    p.add_argument("--cost-model", default="measured", choices=["measured", "illustrative"], help="default measured")
+    p.add_argument("--compare-costs", type=int, default=0, metavar="ROUNDS",
+                   help="run ROUNDS times per cost model, alternated, and compare their wall times")  # fmt: skip
+    p.add_argument("--trace", type=Path, default=TRACE, help="trace (default: the shared Mooncake trace)")
+    args = p.parse_args()
+    cap = args.max_requests or (200 if args.quick else None)
+    title = f"cpkv simulate {args.trace.name} (targets: full trace <= 60 s, <= 2048 MiB)"
+    if not args.compare_costs:
+        row, figures = run(args, args.cost_model, cap)
+        print_table(title, HEADER, [row])
+        write_json(args.json, {"benchmark": "simulate", "quick": args.quick, **figures})
+        return
+    rows, walls = [], {"measured": [], "illustrative": []}
+    for _ in range(args.compare_costs):
+        for model in walls:
+            row, _ = run(args, model, cap)
+            rows.append(row)
+            walls[model].append(row[4])
+    print_table(f"{title}, cost models alternated", HEADER, rows)
+    ratio = statistics.median(walls["measured"]) / statistics.median(walls["illustrative"])
+    print(f"median wall: measured {statistics.median(walls['measured']):.2f} s, illustrative "
+          f"{statistics.median(walls['illustrative']):.2f} s: ratio {ratio:.2f} (target <= 1.5)")  # fmt: skip
+    write_json(args.json, {"benchmark": "simulate-costs", "quick": args.quick, "walls_s": walls, "ratio": ratio})
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..config import OWNER_POLICIES
+from ..cost.spec import DEFAULT_BACKEND, DEFAULT_GPU, DEFAULT_MODEL, MeasuredSpec
 from ..sim.config import SimConfig
 from .options import FilePath, InputError, parse_pages_per_lane
 
@@ -39,6 +40,16 @@ from .options import FilePath, InputError, parse_pages_per_lane
               help="Per-draft-token acceptance probability of --spec-draft-tokens (seeded, geometric).")
 @click.option("--policy", "policies", multiple=True, default=["all"], show_default=True,
               type=click.Choice([*OWNER_POLICIES, "all"]), help="Owner policy; repeatable.")
+@click.option("--cost-model", type=click.Choice(["measured", "illustrative"]), default="measured", show_default=True,
+              help="What prices each step: aiconfigurator's measured operator latencies (the `cost` extra) "
+                   "or three illustrative constants (not a GPU's).")  # fmt: skip
+@click.option("--gpu", default=None, help=f"Measured: aiconfigurator system [{DEFAULT_GPU}].")
+@click.option("--model", default=None, help=f"Measured: DeepSeek sparse-attention model [{DEFAULT_MODEL}].")
+@click.option("--backend", type=click.Choice(["sglang", "vllm", "trtllm"]), default=None,
+              help=f"Measured: engine whose kernels were timed [{DEFAULT_BACKEND}].")  # fmt: skip
+@click.option("--ep-size", type=int, default=None,
+              help="Measured: MoE expert-parallel GPUs, a divisor of --cp-size [--cp-size]; attention runs one "
+                   "rank per GPU (SGLang CP has no attention TP, so there is no --tp-size).")  # fmt: skip
 @click.option("--max-requests", type=int, default=None, help="Replay only the first N requests.")
 @click.option("--seed", type=int, default=SimConfig.seed, show_default=True, help="Seed of the built-in workloads.")
 @click.option("--out", "out_dir", type=FilePath(), default=Path("out/simulate"),
@@ -46,13 +57,16 @@ from .options import FilePath, InputError, parse_pages_per_lane
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per_lane, chunk_size,
              max_batch_tokens, logits_budget_mb, colocated_decode, spec_draft_tokens, spec_accept_rate, policies,
-             max_requests, seed, out_dir, no_progress) -> None:  # fmt: skip
+             cost_model, gpu, model, backend, ep_size, max_requests, seed, out_dir, no_progress) -> None:  # fmt: skip
     """Replay traffic through one CP prefill group under each owner policy; write a side-by-side report.
 
     The output directory is created and probed before the replay, the report is rewritten after each
     policy (report.json "status": "incomplete" until the last) and every file is replaced atomically.
     Ctrl-C writes the finished policies ("status": "interrupted") and exits 130; a file that still cannot
     be written at the end is named on one line after the table (exit 2).
+
+    Times are H200 milliseconds of DeepSeek-V3.2 on SGLang by default (--cost-model measured, the `cost`
+    extra: pip install 'cpkv[cost]'); docs/cost-model.md says what they hold.
     """
     from ..sim.config import check_policies
     from ..sim.runner import SimulationInterrupted
@@ -66,12 +80,13 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
     if max_requests is not None:
         check_int("--max-requests", max_requests, 1)  # named as given (the workloads call it num_requests)
     check_out_dir(out_dir)
+    measured = measured_spec(cost_model, gpu, model, backend, ep_size)
     spec = build_workload(name, num_requests=max_requests, seed=seed, trace_path=trace, page_size=page_size)
     config = SimConfig.for_workload(
         spec, cp_size=cp_size, page_size=page_size, pages_per_lane=pages_per_lane,
         host_pages_per_lane=host_pages_per_lane, chunk_size=chunk_size, max_batch_tokens=max_batch_tokens,
         logits_budget_mb=logits_budget_mb, colocated_decode=colocated_decode, seed=seed,
-        spec_draft_tokens=spec_draft_tokens, spec_accept_rate=spec_accept_rate,
+        spec_draft_tokens=spec_draft_tokens, spec_accept_rate=spec_accept_rate, measured=measured,
     )  # fmt: skip
     hint = small_page_hint(config.page_size, min(config.lane_capacities))
     if hint:
@@ -81,6 +96,19 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
     except SimulationInterrupted as e:
         raise click.exceptions.Abort(interrupted_line(e, out_dir)) from None  # main prints it on one line
     click.echo(f"wrote {', '.join(str(p) for p in result.paths)}")
+
+
+def measured_spec(cost_model: str, gpu, model, backend, ep_size):
+    """``simulate``'s ``MeasuredSpec`` (defaults for the names not given), or None for the illustrative
+    model; InputError for a measured-only flag given with ``--cost-model illustrative``."""
+    given = {"--gpu": gpu, "--model": model, "--backend": backend, "--ep-size": ep_size}
+    if cost_model == "illustrative":
+        extra = [flag for flag, v in given.items() if v is not None]
+        if extra:
+            raise InputError(f"{', '.join(extra)} price the measured model; drop them or use --cost-model measured")
+        return None
+    return MeasuredSpec(gpu=gpu or DEFAULT_GPU, model=model or DEFAULT_MODEL, backend=backend or DEFAULT_BACKEND,
+                        ep_size=ep_size)  # fmt: skip
 
 
 SLOW_PAGE_SIZE = 16

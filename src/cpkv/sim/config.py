@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..config import INT64_MAX, OWNER_POLICIES, check_cp_size, check_int, per_lane_ints
+from ..cost.spec import MeasuredSpec
 from ..errors import ConfigError
 from .workload import WorkloadSpec
 
@@ -53,7 +54,9 @@ class SimConfig:
             were (seeded per request from ``seed``); default 0.7.
         livelock_steps: consecutive steps without progress while work is pending that stop a run.
         seed: seed recorded in the report (workload generators take it).
-        cost: the ``CostModel``.
+        cost: the ``CostModel`` (the illustrative constants).
+        measured: the measurements that price steps (``cpkv.cost.MeasuredSpec``: GPU, model, engine, EP
+            width), or None (the library default) for the illustrative ``cost``; SPEC C-COST.
 
     Raises:
         ConfigError: a size below its minimum; ``page_size``, ``host_pages_per_lane``, ``spec_draft_tokens``
@@ -75,6 +78,7 @@ class SimConfig:
     livelock_steps: int = 64
     seed: int = 0
     cost: CostModel = field(default_factory=CostModel)
+    measured: MeasuredSpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cp_size", check_cp_size(self.cp_size))
@@ -94,6 +98,10 @@ class SimConfig:
             raise ConfigError(f"spec_accept_rate must be a number in [0, 1], got {rate!r}")
         if self.spec_draft_tokens:
             object.__setattr__(self, "colocated_decode", True)  # speculative decoding is a decode mode
+        if self.measured is not None:
+            if not isinstance(self.measured, MeasuredSpec):
+                raise ConfigError(f"measured must be a cpkv.cost.MeasuredSpec or None, got {self.measured!r}")
+            self.measured.ep_for(self.cp_size)  # CostModelError (a ConfigError's sibling) unless it divides
 
     @property
     def lane_capacities(self) -> tuple[int, ...]:

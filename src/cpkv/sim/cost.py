@@ -1,23 +1,21 @@
-"""Per-rank work of one prefill step under the ``CostModel`` (see ``docs/metrics.md``)."""
+"""Per-rank work of one step: the illustrative ``CostModel`` and the choice of cost model (SPEC C-COST).
+
+``step_cost(config)`` gives the simulator its ``cpkv.cost.StepCost``: ``IllustrativeCost`` (three
+constants, the library default, see ``docs/metrics.md``) or, with ``SimConfig.measured`` set, the
+measured model (``cpkv.cost.MeasuredCost``, aiconfigurator's tables; the ``cost`` extra).
+"""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 
+from ..cost.step_cost import causal_pairs_per_rank
 from ..planner import BatchPlan
-from .config import CostModel
+from .config import CostModel, SimConfig
 
-
-def causal_pairs_per_rank(plan: BatchPlan) -> np.ndarray:
-    """Causal (query, key) pairs each rank computes, float64 ``[C]``, prefix keys included.
-
-    A run of absolute positions ``[a, b)`` has queries ``q`` attending keys ``0..q``:
-    ``sum_{q=a}^{b-1} (q + 1) = (b - a) * (a + b + 1) / 2``. Runs come from ``plan.position_runs()``.
-    Example P=1, C=2, L0=0, E=5 (owners 0,0,1,1,0): rank 0 runs [0,2) -> 3 and [4,5) -> 5: 8; rank 1 [2,4) -> 7.
-    """
-    owner, a, b = plan.position_runs()
-    pairs = (b - a) * (a + b + 1) / 2  # float64: exact below 2**53, as positions are (MAX_POSITION)
-    return np.bincount(owner, weights=pairs, minlength=plan.config.cp_size)
+__all__ = ["IllustrativeCost", "causal_pairs_per_rank", "step_cost", "step_work"]
 
 
 def step_work(
@@ -34,3 +32,38 @@ def step_work(
     if decode_tokens is not None:
         work += cost.linear_ms_per_token * decode_tokens
     return work
+
+
+class IllustrativeCost:
+    """``CostModel``'s three constants as a ``cpkv.cost.StepCost``: ``step_work`` as above, decode tokens
+    (``decode.per_rank_tokens``) adding linear work, ``overhead_ms = cost.step_overhead_ms``.
+
+    Args:
+        cost: the constants. cp_size: ranks of the group (C).
+    """
+
+    def __init__(self, cost: CostModel, cp_size: int) -> None:
+        self.cost, self.cp_size = cost, cp_size
+        self.overhead_ms = cost.step_overhead_ms
+
+    def step_work(self, prefill: BatchPlan | None, decode: BatchPlan | None = None) -> np.ndarray:
+        """Work of each rank, float64 ``[C]`` ms (``step_work`` of the prefill plan and decode tokens)."""
+        return step_work(prefill, self.cost, self.cp_size, None if decode is None else decode.per_rank_tokens)
+
+    def provenance(self) -> dict:
+        """``{"cost_model": "illustrative", <the three constants>}``."""
+        return {"cost_model": "illustrative", **asdict(self.cost)}
+
+
+def step_cost(config: SimConfig):
+    """The ``StepCost`` of ``config``: ``IllustrativeCost`` unless ``config.measured`` names measurements.
+
+    Raises:
+        CostExtraMissing: measured, and aiconfigurator is not installed (``pip install 'cpkv[cost]'``).
+        CostModelError: measured, and aiconfigurator cannot price the group.
+    """
+    if config.measured is None:
+        return IllustrativeCost(config.cost, config.cp_size)
+    from ..cost.measured import MeasuredCost
+
+    return MeasuredCost.load(config.measured, config.cp_size)

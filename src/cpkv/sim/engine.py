@@ -30,10 +30,11 @@ from ..allocator import OwnerLaneAllocator
 from ..cache import PrefixCache
 from ..config import CPConfig
 from ..errors import LaneExhausted
+from ..plan import BatchPlan
 from ..policy import follows_free_pages
 from .admission import Fit, StepBuilder, pages_to_finish, reservation_short, stuck_alone
 from .config import SimConfig
-from .cost import step_work
+from .cost import step_cost
 from .metrics import StepRecorder, livelock_finding, policy_metrics
 from .rejection import budget_reason, lane_reason, pool_reason
 from .report import PolicyResult
@@ -66,10 +67,12 @@ class PolicyRun:
     Args:
         config: the ``SimConfig``. policy: ``rotation`` | ``legacy`` | ``balanced``.
         requests: the workload, in arrival order.
+        cost: the ``cpkv.cost.StepCost`` that prices each step (default: ``step_cost(config)``).
     """
 
-    def __init__(self, config: SimConfig, policy: str, requests: Sequence[Request]) -> None:
+    def __init__(self, config: SimConfig, policy: str, requests: Sequence[Request], cost=None) -> None:
         self.cfg = config
+        self.cost = step_cost(config) if cost is None else cost
         self.policy = policy
         self.requests = requests
         cp = CPConfig(config.cp_size, config.page_size, policy)
@@ -146,17 +149,16 @@ class PolicyRun:
                 self._reject(r, budget_reason(r.done, self.cfg.logits_budget_elements))
         self._admit()
         batch = b.commit()
-        decode_tokens = self._decode_step() if self.decoding else None
-        plan = batch[1].plan if batch else None
-        work = step_work(plan, self.cfg.cost, self.cfg.cp_size, decode_tokens)
-        self.now_ms += self.cfg.cost.step_overhead_ms + float(work.max())
+        decode = self._decode_step() if self.decoding else None
+        work = self.cost.step_work(batch[1].plan if batch else None, decode)
+        self.now_ms += self.cost.overhead_ms + float(work.max())
         if batch is not None:
             self.logits_peak = max(self.logits_peak, int(batch[2].max()))
             self._advance(*batch[:2])
-        elif decode_tokens is None and (self.running or self.decoding):
+        elif decode is None and (self.running or self.decoding):
             self._unblock(min(self.running + self.decoding, key=lambda r: r.req.req_id))
         self.rec.record(self.now_ms, self.alloc.used_pages_per_lane(), work if batch is not None else None)
-        if batch is not None or decode_tokens is not None:
+        if batch is not None or decode is not None:
             self._hold_admission = False
             return True
         return False
@@ -289,12 +291,12 @@ class PolicyRun:
                     self._retire(r, r.req.input_length)
                     self.finished += 1
 
-    def _decode_step(self) -> np.ndarray | None:
+    def _decode_step(self) -> BatchPlan | None:
         """One decode step of every decoding request whose slots fit: one token each (``alloc_extend`` with
         E=1, as ``alloc_decode``), or with ``spec_draft_tokens`` K an MTP step (``SpecDecoder``:
         ``alloc_draft``, verify, ``release_tail``). Sized like a prefill step (each request at its real
-        batch position, all K slots or none; one whose pages have no lane waits). Returns tokens per rank
-        (the verify pass's with MTP), or None when none advanced."""
+        batch position, all K slots or none; one whose pages have no lane waits). Returns the step's plan
+        (its tokens per rank are the verify pass's with MTP), or None when none advanced."""
         b = self.decode_builder
         k = b.config.chunk_size
         seqs = [r.req.input_length + r.decoded for r in self.decoding]
@@ -325,7 +327,7 @@ class PolicyRun:
                 self.decoding.remove(r)
                 self._retire(r, r.req.input_length)
                 self.finished += 1
-        return a.plan.per_rank_tokens
+        return a.plan
 
     def leaked_pages(self) -> int:
         """Pages in use that neither the prefix cache nor a live request holds (0 unless pages leak)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import SimConfig
+from .cost import step_cost
 from .engine import PolicyRun
 from .report import PolicyResult, ReportWriteError, load_plotting, prepare_out_dir, print_table, write_outputs
 from .workload import WorkloadSpec, workload_stats
@@ -62,6 +63,7 @@ def simulate(
         ``SimulationResult``. A livelock is a finding in the report, never an exception.
 
     Raises:
+        CostExtraMissing, CostModelError: ``config.measured`` cannot be priced (before any replay).
         ReportWriteError: ``out_dir`` cannot be written (before any replay, ``result`` None), or an output
             file could not be written at the end (after the table was printed; ``result`` holds the run).
         SimulationInterrupted: Ctrl-C; the finished policies were written with ``status: interrupted``
@@ -70,8 +72,10 @@ def simulate(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     policies = list(policies)
+    cost = step_cost(config)  # the measured tables are built once, before anything is written
     report_config = {
         **config.to_dict(),
+        "cost_provenance": cost.provenance(),
         "workload": workload.name,
         "workload_description": workload.description,
         "workload_stats": workload_stats(workload.requests),
@@ -83,7 +87,7 @@ def simulate(
     results: list[PolicyResult] = []
     total = len(workload.requests)
     title = (f"cpkv simulate: {workload.description} | C={config.cp_size} P={config.page_size} "
-             f"Q={config.pages_per_lane}")  # fmt: skip
+             f"Q={config.pages_per_lane} | {cost_line(report_config['cost_provenance'])}")  # fmt: skip
     try:
         with Progress(
             TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -91,7 +95,7 @@ def simulate(
         ) as bar:  # fmt: skip
             for policy in policies:
                 task = bar.add_task(policy, total=total)
-                run = PolicyRun(config, policy, workload.requests)
+                run = PolicyRun(config, policy, workload.requests, cost)
                 result = run.run(on_progress=lambda n, t=task: bar.update(t, completed=n))
                 bar.update(task, completed=total if not result.metrics["livelock_detected"] else None)
                 results.append(result)
@@ -113,6 +117,16 @@ def simulate(
         note = f"{error.note}; the table above has the results" if table else error.note
         raise ReportWriteError(error.path, error.reason, outcome, note)
     return outcome
+
+
+def cost_line(provenance: dict) -> str:
+    """What priced the run, for the table's title: e.g. ``times: measured h200_sxm deepseek-ai/DeepSeek-V3.2
+    sglang 0.5.14 (aiconfigurator 0.12.0, EP 8)`` or ``times: illustrative constants (not a GPU's)``."""
+    if provenance.get("cost_model") != "measured":
+        return "times: illustrative constants (not a GPU's)"
+    p = provenance
+    return (f"times: measured {p['gpu']} {p['model']} {p['backend']} {p['backend_version']} "
+            f"(aiconfigurator {p['aiconfigurator_version']}, EP {p['ep_size']})")
 
 
 def _write(out_dir, report_config, results, policies, *, interrupted=False):

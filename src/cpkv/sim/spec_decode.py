@@ -14,8 +14,8 @@ included) models what MTP / EAGLE do to the KV pool:
    samples after them; the bonus is the next step's root). Both are capped at the request's remaining
    output tokens. ``release_tail`` then frees the pages whose first position is ``>= new_len``.
 
-K = 1 is plain decode (one slot, always kept). The verify pass costs K tokens of linear work per request
-in the cost model; the draft model's own forward is not modelled.
+K = 1 is plain decode (one slot, always kept). The verify pass costs K decode tokens per request in the
+cost model (the step's decode plan); the draft model's own forward is not modelled.
 """
 
 from __future__ import annotations

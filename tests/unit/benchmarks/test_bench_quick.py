@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import cost_extra
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -21,8 +23,12 @@ SCRIPTS = [
     ("bench_layout.py", [], "fresh copy ms"),
     ("bench_memory.py", [], "allocator B/page"),
     pytest.param(
-        "bench_simulate.py", ["--max-requests", "100"], "peak RSS MiB",
+        "bench_simulate.py", ["--max-requests", "100", "--cost-model", "illustrative"], "peak RSS MiB",
         marks=pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
+    ),
+    pytest.param(
+        "bench_costs.py", [], "aiconfigurator ms",
+        marks=pytest.mark.skipif(not (cost_extra.INSTALLED or cost_extra.REQUIRED), reason="needs the cost extra"),
     ),
     pytest.param(
         "bench_prefix_cache.py", [], "hit tokens",

@@ -12,9 +12,10 @@ pytestmark = pytest.mark.unit
 FLAGS = {
     "plan": ["--batch", "--cp-size", "--extend-len", "--head-owner", "--json", "--page-size", "--policy",
              "--prefix-len", "--req-index"],
-    "simulate": ["--chunk-size", "--colocated-decode", "--cp-size", "--host-pages-per-lane", "--logits-budget-mb",
-                 "--max-batch-tokens", "--max-requests", "--no-progress", "--out", "--page-size", "--pages-per-lane",
-                 "--policy", "--seed", "--spec-accept-rate", "--spec-draft-tokens", "--trace", "--workload"],
+    "simulate": ["--backend", "--chunk-size", "--colocated-decode", "--cost-model", "--cp-size", "--ep-size", "--gpu",
+                 "--host-pages-per-lane", "--logits-budget-mb", "--max-batch-tokens", "--max-requests", "--model",
+                 "--no-progress", "--out", "--page-size", "--pages-per-lane", "--policy", "--seed", "--spec-accept-rate",
+                 "--spec-draft-tokens", "--trace", "--workload"],
     "run-dist": ["--attention", "--chunks", "--cp-size", "--decode-steps", "--extend-len", "--index-heads",
                  "--index-topk", "--json", "--kv-access", "--kv-mode", "--layers", "--no-reuse", "--page-size",
                  "--pages-per-lane", "--policy", "--prefix-len", "--reuse", "--seed"],

@@ -7,7 +7,7 @@ from cpkv.cli import main
 pytestmark = pytest.mark.unit
 
 ARGS = ["simulate", "--max-requests", "2", "--policy", "rotation", "--pages-per-lane", "4096", "--cp-size", "4",
-        "--no-progress"]  # fmt: skip
+        "--no-progress", "--cost-model", "illustrative"]  # fmt: skip
 
 
 def test_page_size_one_prints_one_note(tmp_path, capsys):

@@ -41,7 +41,7 @@ import sys
 from cpkv.cli import main
 try:
     main(["simulate", "--workload", "tiny-chunks-reload", "--max-requests", "24", "--policy", "all",
-          "--spec-draft-tokens", "2", "--no-progress", "--out", sys.argv[1]])
+          "--spec-draft-tokens", "2", "--no-progress", "--cost-model", "illustrative", "--out", sys.argv[1]])
 except SystemExit as e:
     assert e.code in (0, None), e.code
 print(",".join(m for m in ("torch", "cpkv.executor", "cpkv.kernels.slots") if m in sys.modules))

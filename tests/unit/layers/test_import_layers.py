@@ -33,6 +33,7 @@ FLOORS = {
     "cpkv.layout": 5,  # SharedKVLayout
     "cpkv.estimator": 5,  # mqa_logits_elements
     "cpkv.kv_lens": 5,  # per-rank KV lengths
+    "cpkv.cost": 5,  # step prices of a plan (measured tables, communication)
     "cpkv.kernels": 6,  # Triton kernels and their numpy/torch references
     "cpkv.allocator": 7,  # LanePool, OwnerLaneAllocator
     "cpkv.cache": 8,  # the prefix cache over the allocator

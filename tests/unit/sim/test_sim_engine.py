@@ -154,7 +154,7 @@ def test_outputs_written(tmp_path):
 def test_cli_simulate_and_bad_trace(tmp_path, capsys):
     rc = main(["simulate", "--workload", "synthetic", "--max-requests", "15", "--cp-size", "4",
                "--page-size", "16", "--pages-per-lane", "1024", "--policy", "rotation", "--no-progress",
-               "--out", str(tmp_path / "o")])  # fmt: skip
+               "--cost-model", "illustrative", "--out", str(tmp_path / "o")])  # fmt: skip
     assert rc == 0
     assert json.loads((tmp_path / "o" / "report.json").read_text())["policies"]["rotation"]["requests_total"] == 15
     bad = tmp_path / "bad.jsonl"
@@ -169,7 +169,7 @@ def test_cli_simulate_and_bad_trace(tmp_path, capsys):
 def test_cli_simulate_unequal_lanes(tmp_path):
     rc = main(["simulate", "--workload", "synthetic", "--max-requests", "6", "--cp-size", "4", "--page-size", "16",
                "--pages-per-lane", "900,1000,1000,1000", "--policy", "balanced", "--no-progress",
-               "--out", str(tmp_path / "o")])  # fmt: skip
+               "--cost-model", "illustrative", "--out", str(tmp_path / "o")])  # fmt: skip
     assert rc == 0
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert report["config"]["pages_per_lane"] == [900, 1000, 1000, 1000]

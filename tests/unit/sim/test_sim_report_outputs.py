@@ -22,7 +22,7 @@ from cpkv.sim.report import ReportWriteError, prepare_out_dir, write_atomic
 pytestmark = pytest.mark.unit
 
 SMALL = ["--workload", "synthetic", "--max-requests", "12", "--cp-size", "4", "--page-size", "16",
-         "--pages-per-lane", "1024", "--no-progress"]  # fmt: skip
+         "--pages-per-lane", "1024", "--no-progress", "--cost-model", "illustrative"]  # fmt: skip
 
 
 def _hooked(before=None, after=None):
@@ -203,7 +203,7 @@ def test_real_sigint_after_the_first_policy(tmp_path):
     # tiny-chunks: rotation finishes in well under a second, legacy then runs for seconds into its livelock.
     out_dir = tmp_path / "o"
     argv = ["simulate", "--workload", "tiny-chunks", "--policy", "rotation", "--policy", "legacy", "--no-progress",
-            "--out", str(out_dir)]  # fmt: skip
+            "--cost-model", "illustrative", "--out", str(out_dir)]  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-c", _CHILD, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "COLUMNS": "140"})  # fmt: skip
     deadline = time.monotonic() + 240  # lanes.png is the last file of the report written after rotation

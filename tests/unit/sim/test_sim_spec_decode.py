@@ -98,7 +98,7 @@ def test_cli_flags_reach_the_report(tmp_path):
     rc = main(["simulate", "--workload", "synthetic", "--max-requests", "12", "--cp-size", "4",
                "--page-size", "16", "--pages-per-lane", "1024", "--policy", "rotation", "--policy", "legacy",
                "--spec-draft-tokens", "3", "--spec-accept-rate", "0.5", "--no-progress",
-               "--out", str(tmp_path)])  # fmt: skip
+               "--cost-model", "illustrative", "--out", str(tmp_path)])  # fmt: skip
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["config"]["spec_draft_tokens"] == 3 and report["config"]["spec_accept_rate"] == 0.5
