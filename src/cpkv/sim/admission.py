@@ -214,10 +214,11 @@ class StepBuilder:
         ``alloc_draft`` for a speculative step).
 
         Evicting can move ``balanced`` phases (they follow free pages), so the plan is checked again after
-        each eviction; a balanced batch whose phases moved onto a lane without room first frees evictable
-        pages (``make_free_page``, as many as the batch's new pages, while the room holds them in total: the
-        page sizing made free may have gone to an admission's load-back since), then loses its last request
-        (it waits). Each round evicts at least one page or drops one request, so this ends.
+        each eviction; a batch that no longer fits loses its last request (it waits), except its only one
+        under ``balanced``: a page sizing made free may have gone to an admission's host load-back since, so
+        the phases moved onto a lane without room; it frees evictable pages instead (``make_free_page``, at
+        most its new pages, while the room holds them in total), so the oldest request always advances.
+        Each round evicts at least one page or drops one request, so this ends.
         """
         C = self.config.cp_size
         spare = None  # pages make_free_page may still free for this batch
@@ -231,7 +232,7 @@ class StepBuilder:
             over_budget = logits is not None and int(logits.max()) > self.limit
             if (need > room).any() or over_budget:
                 spare = int(need.sum()) if spare is None else spare
-                if (not over_budget and spare > 0 and int(need.sum()) <= int(room.sum())
+                if (not over_budget and len(self.keys) == 1 and spare > 0 and int(need.sum()) <= int(room.sum())
                         and follows_free_pages(self.alloc.config.owner_policy) and self.make_free_page(anywhere=True)):
                     spare -= 1
                     continue
