@@ -43,6 +43,12 @@ class AllocatorError(CpkvError, ValueError):
     """Invalid allocator call: bad ``last_loc``, freeing page 0, a free page or an out-of-range id."""
 
 
+class StalePlanError(AllocatorError):
+    """``OwnerLaneAllocator.allocate`` was handed a plan it would no longer make: made by another allocator,
+    with other ``last_locs``, or (``balanced``) under free pages that now choose other phases. Plan again
+    (``plan_extend``); nothing was allocated."""
+
+
 class PrefixCacheError(CpkvError, ValueError):
     """Invalid prefix-cache or host-tier call (SPEC C-RELOAD): a lane out of range, a stale match or
     handle, an unlock without lock, misaligned or already-cached slots, a missing or duplicate host copy.

@@ -91,6 +91,8 @@ class BatchPlan:
         gather_index: ``[sum E]`` int64; ``gathered[gather_index]`` is the flat order (C-GATHER).
         req_indices: ``[B]`` int64 ``req_index`` of each request (0..B-1 for ``plan_batch``).
         token_runs: the same tokens in run-length form (``TokenRuns``), for slot and index expansion.
+        stamp: who made the plan under which state, set by ``OwnerLaneAllocator.plan_extend`` (None for
+            ``plan_batch``): ``allocate`` commits a plan only while it is still the one it would make.
     """
 
     config: CPConfig
@@ -108,6 +110,7 @@ class BatchPlan:
     max_rank_tokens: int
     req_indices: np.ndarray
     token_runs: TokenRuns = field(repr=False)
+    stamp: object = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         return (f"BatchPlan(cp_size={self.config.cp_size}, page_size={self.config.page_size}, "
@@ -123,6 +126,15 @@ class BatchPlan:
     def num_tokens(self) -> int:
         """Total extend tokens of the batch (sum E)."""
         return int(self.extend_indptr[-1])
+
+    @cached_property
+    def new_pages_per_lane(self) -> np.ndarray:
+        """``[C]`` int64 new pages the batch takes on each lane (``bincount(page_owners)``; read-only), what a
+        scheduler checks against each lane's free and evictable pages before it allocates."""
+        runs = self.token_runs
+        out = np.bincount(runs.owner, weights=runs.pages, minlength=self.config.cp_size).astype(np.int64)
+        out.setflags(write=False)
+        return out
 
     @cached_property
     def token_owner(self) -> np.ndarray:

@@ -145,7 +145,7 @@ def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index:
 
 
 def plan_arrays(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners, phases, first_index: int = 0,
-                lanes_valid: bool = False) -> BatchPlan:  # fmt: skip
+                lanes_valid: bool = False, stamp: object = None) -> BatchPlan:  # fmt: skip
     """``plan_batch`` for a caller that has already checked the lengths (C-BATCH, C-HEAD, C-ZIGZAG).
 
     Args:
@@ -156,6 +156,7 @@ def plan_arrays(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners,
             arrays in ``[-1, C)`` and ``[0, C)`` (phases may be None), as the allocator derives them, and
             are not checked again.
         first_index: ``req_index`` of request 0 (``plan_request``'s).
+        stamp: the plan's ``stamp`` (``OwnerLaneAllocator.plan_extend``'s; None otherwise).
 
     Returns:
         The ``BatchPlan``.
@@ -207,7 +208,7 @@ def plan_arrays(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners,
     )  # fmt: skip
     for arr in arrays.values():
         arr.setflags(write=False)
-    return BatchPlan(config=config, max_rank_tokens=max_rank, token_runs=runs, **arrays)
+    return BatchPlan(config=config, max_rank_tokens=max_rank, token_runs=runs, stamp=stamp, **arrays)
 
 
 def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, TokenRuns, np.ndarray]:

@@ -2,8 +2,9 @@
 and its page pool ``LanePool``.
 
 - ``pool.py``: ``LanePool``, per-lane free stacks and the handed-out bitmap; knows no plan (C-ALLOC);
-- ``owner_lane.py``: ``OwnerLaneAllocator``, the call protocol: check, plan (``memo.py`` keeps the plans
-  of ``plan_extend`` for the ``alloc_extend`` that follows), pick, build ``out_cache_loc``, commit;
+- ``owner_lane.py``: ``OwnerLaneAllocator``, the call protocol: check, plan (``plan_extend``, stamped with
+  the state it was made under), commit that plan (``allocate``; ``alloc_extend`` is both), pick, build
+  ``out_cache_loc``, take the pages;
 - ``one_page.py``: the path without the planner for batches whose requests take at most one new page;
 - ``checks.py``: the checks of the calls' inputs (page ids, lanes, ``last_locs``; C-FAIL-FAST);
 - ``result.py``: ``ExtendAllocation``.

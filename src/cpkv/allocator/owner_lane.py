@@ -9,11 +9,12 @@ someone reads an ``out_cache_loc`` (``ExtendAllocation``): the simulator never d
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from ..config import CPConfig
-from ..errors import AllocatorError, ConfigError
+from ..errors import AllocatorError, ConfigError, StalePlanError
 from ..kernels.backend import interpreter_requested, kernel_mode, use_kernels
 from ..layout import check_pool_kind
 from ..limits import check_bytes
@@ -23,7 +24,6 @@ from ..policy import balanced_phases, follows_free_pages
 from ..slots import extend_slots
 from ..validate import as_int, as_int_array, check_int, lengths, per_lane_ints
 from .checks import check_shared_heads, head_owners, lane_array, page_id_array
-from .memo import PlanMemo
 from .one_page import OnePageTables, pick_one_page
 from .pool import LanePool
 from .result import ExtendAllocation
@@ -97,7 +97,7 @@ class OwnerLaneAllocator:
         self.num_pages = self.pool.num_pages
         self.capacity_per_lane = self.pool.capacity_per_lane  # [C] usable pages
         self._one_page = OnePageTables(config.page_size, self.num_pages)
-        self._memo = PlanMemo()  # plans of plan_extend, for the alloc_extend that follows
+        self._maker = object()  # this allocator's mark in the stamps of the plans it makes
 
     # ----------------------------------------------------------------------------------------- queries
     @property
@@ -205,8 +205,64 @@ class OwnerLaneAllocator:
         return ExtendAllocation(out_cache_loc, None, new_pages, make_plan=make_plan)
 
     def _alloc_planned(self, prefix_lens, extend_lens, last_locs) -> ExtendAllocation:
-        """The general path of ``alloc_extend``: plan the batch, pick every run's pages, commit."""
-        plan, last, key = self._plan_extend(prefix_lens, extend_lens, last_locs)
+        """The general path of ``alloc_extend``: plan the batch, then commit the plan."""
+        plan, last = self._plan_extend(prefix_lens, extend_lens, last_locs)
+        return self._commit_plan(plan, last)
+
+    def plan_extend(self, prefix_lens, extend_lens, last_locs) -> BatchPlan:
+        """The plan ``alloc_extend`` would allocate now, without taking any page (plan, then commit).
+
+        Validates ``last_locs`` and derives head owners as ``alloc_extend`` does; under ``balanced`` the
+        phases reflect the current free pages. A scheduler checks the plan (``new_pages_per_lane`` against
+        each lane's room, ``mqa_logits_elements`` against a budget), may evict, then commits that same plan
+        with ``allocate(plan, last_locs)``. The plan's ``stamp`` records this allocator, ``last_locs``, the
+        pool's change count and (``balanced``) the free pages it was made under.
+
+        Raises:
+            PlanError, AllocatorError, UnsupportedPagePlan: as ``alloc_extend``; nothing changes.
+        """
+        return self._plan_extend(prefix_lens, extend_lens, last_locs)[0]
+
+    def allocate(self, plan: BatchPlan, last_locs) -> ExtendAllocation:
+        """Commit a plan of ``plan_extend``: take its new pages on their lanes, atomically (C-ATOMIC).
+
+        The result is the one ``alloc_extend`` of the plan's lengths and ``last_locs`` would give now; the
+        plan is refused when it is no longer that plan: pages changed since it was made and a ``last_loc``
+        now lies on a free page, or (``balanced``, C-BALANCED) the free pages now choose other phases. A
+        ``rotation`` or ``legacy`` plan does not depend on the free pages.
+
+        Args:
+            plan: a ``BatchPlan`` this allocator's ``plan_extend`` returned.
+            last_locs: ``[B]`` the ``last_locs`` it was planned with.
+
+        Returns:
+            ``ExtendAllocation`` (``plan`` is this plan).
+
+        Raises:
+            StalePlanError: a plan this allocator did not make, other ``last_locs``, or phases the free pages
+                no longer choose (plan again). AllocatorError: a ``last_loc`` on a page freed since.
+                LaneExhausted: a lane is short. In every case nothing is allocated.
+        """
+        stamp = plan.stamp if isinstance(plan, BatchPlan) else None
+        if not isinstance(stamp, _Stamp) or stamp.maker is not self._maker:
+            raise StalePlanError("allocate takes a plan this allocator's plan_extend made; plan the batch with it")
+        last = as_int_array("last_locs", last_locs, plan.num_requests)
+        if last.tobytes() != stamp.last_locs:
+            raise StalePlanError("last_locs differ from those the plan was made with; plan the batch again")
+        if stamp.changes != self.pool.changes:
+            head_owners(self.pool, self.config, plan.prefix_lens, last)  # raises on a last_loc freed since
+            if stamp.free is not None and stamp.free != self.pool.free.tobytes():
+                C, P = self.config.cp_size, self.config.page_size
+                phases = balanced_phases(plan.prefix_lens, plan.extend_lens, self.pool.free, P, C)
+                if phases.tobytes() != plan.request_phases.tobytes():
+                    raise StalePlanError(
+                        f"the free pages per lane changed since the plan was made ({self.pool.free.tolist()} now) and "
+                        f"choose phases {phases.tolist()}, not the plan's {plan.request_phases.tolist()}; plan again"
+                    )
+        return self._commit_plan(plan, last)
+
+    def _commit_plan(self, plan: BatchPlan, last: np.ndarray) -> ExtendAllocation:
+        """Pick every run's pages, write ``out_cache_loc``, then take the pages (C-ATOMIC)."""
         runs = plan.token_runs
         seg = runs.pages > 0  # the runs of new pages (zigzag segments), in page order
         new_pages, counts = self.pool.pick(runs.owner[seg], runs.pages[seg])
@@ -217,25 +273,8 @@ class OwnerLaneAllocator:
         else:
             out = self._on_device(extend_slots(plan, last, new_pages))
         self.pool.commit(new_pages, counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
-        self._memo.drop(key)  # kept only while the batch was not allocated (e.g. a retry after LaneExhausted)
         new_pages.setflags(write=False)
         return ExtendAllocation(out_cache_loc=out, plan=plan, new_pages=new_pages)
-
-    def plan_extend(self, prefix_lens, extend_lens, last_locs) -> BatchPlan:
-        """The plan ``alloc_extend`` would allocate now, without taking any page (plan, then commit).
-
-        Validates ``last_locs`` and derives head owners as ``alloc_extend`` does; under ``balanced`` the
-        phases reflect the current free pages. A scheduler checks budgets on it (e.g.
-        ``mqa_logits_elements``) before calling ``alloc_extend`` with the same arguments, which yields the
-        same plan while no other call intervenes. The allocator keeps the plan (``memo.py``): that
-        ``alloc_extend``, and another ``plan_extend`` of the same arguments, reuse it instead of planning
-        again whenever they would plan the same (``rotation``, ``legacy``: always; ``balanced``: while the
-        free pages per lane are the same), ``last_locs`` checked again once pages changed.
-
-        Raises:
-            PlanError, AllocatorError, UnsupportedPagePlan: as ``alloc_extend``; nothing changes.
-        """
-        return self._plan_extend(prefix_lens, extend_lens, last_locs)[0]
 
     def alloc_decode(self, seq_lens, last_locs) -> ExtendAllocation:
         """Append one token per request: ``alloc_extend(seq_lens, [1] * B, last_locs)`` (SPEC section 7).
@@ -337,26 +376,25 @@ class OwnerLaneAllocator:
         self.pool.release(pages)
 
     # ---------------------------------------------------------------------------------------- private
-    def _plan_extend(self, prefix_lens, extend_lens, last_locs) -> tuple[BatchPlan, np.ndarray, bytes]:
-        """``(plan, last_locs, memo key)`` of a batch: the kept plan of these arguments when it is still the
-        plan (``memo.py``), else a new one, which is kept."""
+    def _plan_extend(self, prefix_lens, extend_lens, last_locs) -> tuple[BatchPlan, np.ndarray]:
+        """``(plan, last_locs)`` of a batch, the plan stamped with the state it was made under."""
         L0, E = lengths(prefix_lens, extend_lens)
         last = as_int_array("last_locs", last_locs, L0.shape[0])
-        balanced = follows_free_pages(self.config.owner_policy)
-        key, free = PlanMemo.key(L0, E, last), self.pool.free.tobytes() if balanced else b""
-        hit = self._memo.get(key, self.pool.changes, free)
-        if hit is not None:
-            if not hit.current:
-                head_owners(self.pool, self.config, L0, last)  # raises as planning would
-            return hit.plan, last, key
         head = head_owners(self.pool, self.config, L0, last)
         check_shared_heads(L0, E, last, self.config.page_size)
         P, C = self.config.page_size, self.config.cp_size
+        balanced = follows_free_pages(self.config.owner_policy)
         phases = balanced_phases(L0, E, self.pool.free, P, C) if balanced else None
-        kept = self._memo.kept(key) if balanced else None  # made with other free pages: same phases, same plan
-        if kept is not None and kept.request_phases.tobytes() == phases.tobytes():
-            plan = kept
-        else:
-            plan = plan_arrays(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True)
-        self._memo.put(key, plan, self.pool.changes, free)
-        return plan, last, key
+        stamp = _Stamp(self._maker, last.tobytes(), self.pool.changes, self.pool.free.tobytes() if balanced else None)
+        plan = plan_arrays(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True, stamp=stamp)
+        return plan, last
+
+
+class _Stamp(NamedTuple):
+    """What ``allocate`` checks of a plan: its maker (``OwnerLaneAllocator._maker``), the ``last_locs`` bytes,
+    the pool's change count, and (``balanced``) the free pages per lane as bytes, else None."""
+
+    maker: object
+    last_locs: bytes
+    changes: int
+    free: bytes | None

@@ -97,6 +97,7 @@ class StepBuilder:
         self._room_min = 0
         self._pages = 0
         self._seen: dict = {}  # verdicts for the current batch and room
+        self._plans: dict = {}  # plans made for whole batches (their (L0, E, last_loc) triples) and this room
 
     # ------------------------------------------------------------------------------------------ build
     def reset(self) -> None:
@@ -116,6 +117,7 @@ class StepBuilder:
         self._room = self.alloc.free_pages_per_lane() + self.cache.evictable_pages_per_lane()
         self._room_min = int(self._room.min())
         self._seen.clear()
+        self._plans.clear()
 
     def add(self, key, prefix_len: int, remaining: int, last_loc: int) -> Fit:
         """Give request ``key`` (``prefix_len`` tokens cached, ``remaining`` to prefill, ``last_loc`` as for
@@ -178,12 +180,18 @@ class StepBuilder:
                 fits.append(self.add(*items[len(fits)]))
         return fits
 
+    def batch_plan(self) -> BatchPlan:
+        """The plan of the batch so far, the one ``commit`` allocates unless pages change before (the plan the
+        checks judged, kept; else made now by ``alloc.plan_extend``). The batch must not be empty."""
+        key = tuple(zip(self._L0, self._E, self._last, strict=True))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self.alloc.plan_extend(self._L0, self._E, self._last)
+        return plan
+
     def placed_pages(self) -> np.ndarray:
         """New pages the batch so far takes per lane under the plan ``commit`` will allocate, int64 ``[C]``."""
-        if not self.keys:
-            return np.zeros(self.config.cp_size, dtype=_I64)
-        plan = self.alloc.plan_extend(self._L0, self._E, self._last)
-        return np.bincount(plan.page_owners, minlength=self.config.cp_size)
+        return self.batch_plan().new_pages_per_lane if self.keys else np.zeros(self.config.cp_size, dtype=_I64)
 
     def chunks(self) -> dict:
         """The batch so far: ``{key: chunk tokens}``, in batch order."""
@@ -207,11 +215,10 @@ class StepBuilder:
         return int(mqa_logits_elements(plan).max()) <= self.limit
 
     # ----------------------------------------------------------------------------------------- commit
-    def commit(self, allocate=None) -> tuple[list, ExtendAllocation, np.ndarray] | None:
-        """Evict what each lane lacks and allocate the batch: ``(keys, allocation, logits)`` with the
-        per-rank MQA-logits estimate (int64 ``[C]``), or None for an empty batch. ``allocate(prefix_lens,
-        extend_lens, last_locs)`` does the allocation (default ``alloc.alloc_extend``; the same pages, e.g.
-        ``alloc_draft`` for a speculative step).
+    def commit(self) -> tuple[list, ExtendAllocation, np.ndarray] | None:
+        """Evict what each lane lacks and allocate the plan the batch was judged on (``alloc.allocate``):
+        ``(keys, allocation, logits)`` with the per-rank MQA-logits estimate (int64 ``[C]``), or None for an
+        empty batch.
 
         Evicting can move ``balanced`` phases (they follow free pages), so the plan is checked again after
         each eviction; a batch that no longer fits loses its last request (it waits), except its only one
@@ -220,13 +227,11 @@ class StepBuilder:
         most its new pages, while the room holds them in total), so the oldest request always advances.
         Each round evicts at least one page or drops one request, so this ends.
         """
-        C = self.config.cp_size
         spare = None  # pages make_free_page may still free for this batch
         while self.keys:
-            args = (self._L0, self._E, self._last)
             free = self.alloc.free_pages_per_lane()
-            plan = self.alloc.plan_extend(*args)  # the plan alloc_extend takes below (kept by the allocator)
-            need = np.bincount(plan.page_owners, minlength=C)
+            plan = self.batch_plan()
+            need = plan.new_pages_per_lane
             logits = mqa_logits_elements(plan) if self.limit is not None else None  # the batch's: at return
             room = free + self.cache.evictable_pages_per_lane()
             over_budget = logits is not None and int(logits.max()) > self.limit
@@ -243,11 +248,12 @@ class StepBuilder:
             if (short > 0).any():
                 for lane in np.flatnonzero(short > 0).tolist():
                     self.cache.evict(lane, int(short[lane]))
+                self._plans.clear()  # made under other free pages
                 # Eviction moves pages from evictable to free, so the room stays; a plan that follows positions
                 # only (rotation, legacy) stays too: the next round would allocate at once if no lane is short.
                 if follows_free_pages(self.alloc.config.owner_policy) or (need > self.alloc.free_pages_per_lane()).any():
                     continue
-            a = (allocate or self.alloc.alloc_extend)(*args)
+            a = self.alloc.allocate(plan, self._last)  # the plan judged (re-made above after a balanced eviction)
             return list(self.keys), a, logits if logits is not None else mqa_logits_elements(plan)
         return None
 
@@ -306,7 +312,8 @@ class StepBuilder:
             else:
                 L0, E, last = (list(x) for x in zip(*key, strict=True))
                 args = (self._L0 + L0, self._E + E, self._last + last)
-                self._seen[key] = self._verdict(self.alloc.plan_extend(*args))
+                plan = self._plans[tuple(zip(*args, strict=True))] = self.alloc.plan_extend(*args)
+                self._seen[key] = self._verdict(plan)
         return self._seen[key]
 
     def _check(self, prefix_len: int, n: int, last_loc: int) -> tuple[str, int] | None:
@@ -314,7 +321,7 @@ class StepBuilder:
 
     def _verdict(self, plan: BatchPlan) -> tuple[str, int] | None:
         """None when ``plan`` fits every lane's room and the logits budget, else ``(cut, lane)``."""
-        short = np.bincount(plan.page_owners, minlength=self.config.cp_size) - self._room
+        short = plan.new_pages_per_lane - self._room
         if (short > 0).any():
             return "lane", int(np.argmax(short))
         if self.limit is not None and int(mqa_logits_elements(plan).max()) > self.limit:

@@ -301,17 +301,19 @@ class PolicyRun:
         k = b.config.chunk_size
         seqs = [r.req.input_length + r.decoded for r in self.decoding]
         lasts = [int(r.slots[s - 1]) for r, s in zip(self.decoding, seqs, strict=True)]
-        allocate = (lambda L0, E, last: self.spec.alloc_draft(L0, last)) if self.spec else self.alloc.alloc_extend
         try:  # fast path: every request's slots fit in free pages (the builder would plan the same batch)
-            batch, a = list(self.decoding), allocate(seqs, [k] * len(seqs), lasts)
+            batch = list(self.decoding)
+            a = self.spec.alloc_draft(seqs, lasts) if self.spec else self.alloc.alloc_extend(seqs, [k] * len(seqs), lasts)
         except LaneExhausted:
             b.reset()
             for fit in b.add_many([(r, s, k, last) for r, s, last in zip(self.decoding, seqs, lasts, strict=True)]):
                 self._note(fit)
-            out = b.commit(allocate=allocate)
+            out = b.commit()
             if out is None:
                 return None
             batch, a, _ = out
+            if self.spec:
+                self.spec.count_draft(a)
         seq = [r.req.input_length + r.decoded for r in batch]
         if self.spec:
             left = [r.req.output_length - r.decoded for r in batch]

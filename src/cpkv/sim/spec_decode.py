@@ -51,7 +51,11 @@ class SpecDecoder:
 
     def alloc_draft(self, seq_lens: Sequence[int], last_locs: Sequence[int]) -> ExtendAllocation:
         """``alloc.alloc_draft(seq_lens, last_locs, K)``, counting the draft pages per lane. Raises as it."""
-        a = self.alloc.alloc_draft(seq_lens, last_locs, self.num_draft_tokens)
+        return self.count_draft(self.alloc.alloc_draft(seq_lens, last_locs, self.num_draft_tokens))
+
+    def count_draft(self, a: ExtendAllocation) -> ExtendAllocation:
+        """Count the draft pages of a step's K-slot allocation ``a`` per lane (however it was allocated:
+        ``alloc_draft``, or the plan a scheduler sized and committed); returns ``a``."""
         self.draft_pages_per_lane += np.bincount(a.new_pages % self.alloc.config.cp_size,
                                                  minlength=self.draft_pages_per_lane.shape[0])  # fmt: skip
         return a
