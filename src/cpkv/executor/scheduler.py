@@ -21,6 +21,7 @@ import torch
 
 from ..allocator import ExtendAllocation, OwnerLaneAllocator
 from ..cache import PrefixCache
+from ..cache.flow import RequestFlow, RequestKV
 from ..config import CPConfig
 from ..errors import LaneExhausted, PlanError
 from .workload import Workload
@@ -93,13 +94,18 @@ class ReplicatedScheduler:
             if prefix_cache
             else None
         )
-        self.req_to_token: dict[int, np.ndarray] = {}  # request id -> [len] int64 slots
-        self._handle: dict[int, object] = {}  # request id -> locked cache handle
+        self.flow = RequestFlow(self.allocator, self.cache)
+        self.kv: dict[int, RequestKV] = {}  # request id -> its KV (req_to_token row, lock, own pages)
         self.cache_hit_tokens: dict[int, int] = {}  # request id -> tokens matched on its first forward
         self.hold_prompts = hold_prompts
         self.generated: dict[int, list[int]] = {}  # decode: request id -> tokens fed so far
-        self._cached_len: dict[int, int] = {}  # leading slots of a held request that belong to the cache
+        self._held: set[int] = set()  # held requests whose prompt is done
         self._prompt_done: list[int] = []
+
+    @property
+    def req_to_token(self) -> dict[int, np.ndarray]:
+        """Request id -> ``[len]`` int64 slots of the positions with KV, for every live request (views)."""
+        return {rid: kv.row for rid, kv in self.kv.items()}
 
     # -------------------------------------------------------------------------------------- schedule
     def schedule(self, index: int) -> ForwardBatch:
@@ -117,10 +123,10 @@ class ReplicatedScheduler:
             self.flush_cache()
         step = self.workload.forwards[index]
         for rid, end in step:
-            if rid not in self.req_to_token:
+            if rid not in self.kv:
                 self._start(rid, end)
         rids = np.asarray([rid for rid, _ in step], dtype=_I64)
-        L0 = np.asarray([self.req_to_token[rid].shape[0] for rid, _ in step], dtype=_I64)
+        L0 = np.asarray([self.kv[rid].length for rid, _ in step], dtype=_I64)
         ends = np.asarray([end for _, end in step], dtype=_I64)
         for rid, l0, end in zip(rids.tolist(), L0.tolist(), ends.tolist(), strict=True):
             if not l0 < end <= len(self.workload.requests[rid]):
@@ -128,17 +134,15 @@ class ReplicatedScheduler:
                     f"forward {index}: request {rid} holds {l0} tokens, cannot advance to end={end} "
                     f"(it has {len(self.workload.requests[rid])} tokens)"
                 )
-        last = np.asarray(
-            [r[-1] if r.shape[0] else -1 for r in (self.req_to_token[x] for x in rids.tolist())], _I64
-        )
+        last = np.asarray([self.kv[x].last_loc for x in rids.tolist()], _I64)
         alloc = self._alloc(L0, ends - L0, last)
         loc = alloc.out_cache_loc.cpu().numpy()
-        indptr = alloc.plan.extend_indptr
+        indptr, page_indptr = alloc.plan.extend_indptr, alloc.plan.page_indptr
         slots, tokens, positions = [], [], []
         for i, rid in enumerate(rids.tolist()):
-            row = np.concatenate([self.req_to_token[rid], loc[indptr[i] : indptr[i + 1]]])
-            self.req_to_token[rid] = row
-            slots.append(torch.from_numpy(row.copy()).to(self.device))
+            kv = self.kv[rid]
+            kv.take(loc[indptr[i] : indptr[i + 1]], alloc.new_pages[page_indptr[i] : page_indptr[i + 1]])
+            slots.append(torch.from_numpy(kv.row.copy()).to(self.device))
             tokens.append(np.asarray(self.workload.requests[rid][L0[i] : ends[i]], dtype=_I64))
             positions.append(np.arange(L0[i], ends[i], dtype=_I64))
         return ForwardBatch(
@@ -152,26 +156,16 @@ class ReplicatedScheduler:
     def finish(self, batch: ForwardBatch) -> None:
         """After a forward: hand full pages to the prefix cache; release finished requests' pages."""
         for rid in batch.request_ids.tolist():
-            row = self.req_to_token[rid]
-            done = row.shape[0] == len(self.workload.requests[rid])
-            if self.cache is not None:
-                res = self.cache.insert(self.workload.requests[rid][: row.shape[0]], row)
-                row = np.concatenate([res.slots, row[res.slots.shape[0] :]])
-                self.req_to_token[rid] = row
-                self.cache.lock(res.handle)
-                self.cache.unlock(self._handle[rid])
-                self._handle[rid] = res.handle
-                tail = row[res.slots.shape[0] :]  # the partial last page, still the request's own
-            else:
-                tail = row
-            if done and self.hold_prompts:  # decode: kept, with its lock and its partial last page
-                self._cached_len[rid] = row.shape[0] - tail.shape[0]
+            kv = self.kv[rid]
+            kv.share(self.workload.requests[rid][: kv.length])  # held through the new lock
+            if kv.length < len(self.workload.requests[rid]):
+                continue
+            if self.hold_prompts:  # decode: kept, with its lock and its partial last page
+                self._held.add(rid)
                 self._prompt_done.append(rid)
-            elif done:
-                if self.cache is not None:
-                    self.cache.unlock(self._handle.pop(rid))
-                self.allocator.free(np.unique(tail // self.config.page_size))
-                del self.req_to_token[rid]
+            else:
+                kv.release()
+                del self.kv[rid]
 
     # ------------------------------------------------------------------------------------------ decode
     def take_prompt_done(self) -> list[int]:
@@ -191,17 +185,18 @@ class ReplicatedScheduler:
         """
         rids = np.asarray(request_ids, dtype=_I64)
         for rid in rids.tolist():
-            if rid not in self._cached_len:
+            if rid not in self._held:
                 raise PlanError(f"decode step {index}: request {rid} is not a held request whose prompt is done")
-        rows = [self.req_to_token[rid] for rid in rids.tolist()]
-        seq = np.asarray([r.shape[0] for r in rows], dtype=_I64)
-        alloc = self._alloc(seq, None, np.asarray([r[-1] for r in rows], dtype=_I64))
+        kvs = [self.kv[rid] for rid in rids.tolist()]
+        seq = np.asarray([kv.length for kv in kvs], dtype=_I64)
+        alloc = self._alloc(seq, None, np.asarray([kv.last_loc for kv in kvs], dtype=_I64))
         loc = alloc.out_cache_loc.cpu().numpy()
+        page_indptr = alloc.plan.page_indptr
         slots = []
-        for i, rid in enumerate(rids.tolist()):
-            self.req_to_token[rid] = np.append(rows[i], loc[i])
+        for i, (rid, kv) in enumerate(zip(rids.tolist(), kvs, strict=True)):
+            kv.take(loc[i : i + 1], alloc.new_pages[page_indptr[i] : page_indptr[i + 1]])
             self.generated.setdefault(rid, []).append(int(tokens[i]))
-            slots.append(torch.from_numpy(self.req_to_token[rid].copy()).to(self.device))
+            slots.append(torch.from_numpy(kv.row.copy()).to(self.device))
         return ForwardBatch(
             index=index, request_ids=rids, alloc=alloc,
             token_ids=torch.as_tensor(np.asarray(tokens, dtype=_I64)).to(self.device),
@@ -211,10 +206,8 @@ class ReplicatedScheduler:
 
     def release(self, rid: int) -> None:
         """Decode: end a held request: unlock its cache handle and free the pages it holds on its own."""
-        row = self.req_to_token.pop(rid)
-        if self.cache is not None:
-            self.cache.unlock(self._handle.pop(rid))
-        self.allocator.free(np.unique(row[self._cached_len.pop(rid) :] // self.config.page_size))
+        self._held.discard(rid)
+        self.kv.pop(rid).release()
 
     # ------------------------------------------------------------------------------------------- cache
     def flush_cache(self) -> None:
@@ -226,8 +219,8 @@ class ReplicatedScheduler:
     def digest(self) -> str:
         """SHA-256 of allocator state, every ``req_to_token`` row and the cache's entries (replica check)."""
         h = hashlib.sha256(self.allocator.state_digest().encode())
-        for rid in sorted(self.req_to_token):
-            h.update(np.int64(rid).tobytes() + self.req_to_token[rid].tobytes())
+        for rid in sorted(self.kv):
+            h.update(np.int64(rid).tobytes() + self.kv[rid].row.tobytes())
         for rid in sorted(self.generated):  # decode: the tokens every rank chose from the gathered hidden
             h.update(np.int64(rid).tobytes() + np.asarray(self.generated[rid], dtype=_I64).tobytes())
         if self.cache is not None:
@@ -237,17 +230,9 @@ class ReplicatedScheduler:
     # ---------------------------------------------------------------------------------------- private
     def _start(self, rid: int, end: int) -> None:
         """First forward of ``rid``: its ``req_to_token`` row is the cache hit (page aligned) or empty."""
-        if self.cache is None:
-            self.req_to_token[rid] = np.zeros(0, dtype=_I64)
-            self.cache_hit_tokens[rid] = 0
-            return
-        match = self.cache.match_prefix(self.workload.requests[rid][: max(end - 1, 0)])
-        if match.host_len:
-            match = self.cache.load_back(match)
-        self.cache.lock(match.handle)
-        self._handle[rid] = match.handle
-        self.req_to_token[rid] = match.device_slots.copy()
-        self.cache_hit_tokens[rid] = match.device_len
+        tokens = np.asarray(self.workload.requests[rid], dtype=_I64)
+        kv = self.kv[rid] = self.flow.start(tokens[: max(end - 1, 0)], tokens.shape[0])  # decode grows the row
+        self.cache_hit_tokens[rid] = kv.length
 
     def _alloc(self, L0: np.ndarray, E: np.ndarray | None, last: np.ndarray) -> ExtendAllocation:
         """``alloc_extend`` (``alloc_decode`` when ``E`` is None), evicting on a short lane and retrying."""

@@ -28,16 +28,18 @@ import numpy as np
 
 from ..allocator import OwnerLaneAllocator
 from ..cache import PrefixCache
+from ..cache.flow import RequestFlow
 from ..config import CPConfig
 from ..errors import LaneExhausted
 from ..plan import BatchPlan
 from ..policy import follows_free_pages
-from .admission import Fit, StepBuilder, pages_to_finish, reservation_short, stuck_alone
+from .admission import Fit, StepBuilder
 from .config import SimConfig
 from .cost import step_cost
 from .metrics import StepRecorder, livelock_finding, policy_metrics
 from .rejection import budget_reason, lane_reason, pool_reason
 from .report import PolicyResult
+from .reservation import pages_to_finish, reservation_short, stuck_alone
 from .running import RunningRequest
 from .spec_decode import SpecDecoder
 from .trace import Request, prompt_token_ids
@@ -105,7 +107,7 @@ class PolicyRun:
         self._redo: dict[int, int] = {}  # req_id -> output tokens a retracted request had emitted
         self._hold_admission = False  # after a retraction, until an admitted request advances
         self._tokens: dict[int, np.ndarray] = {}  # token ids of waiting requests already tried
-        self._kept = np.zeros(self.alloc.num_pages, dtype=bool)  # scratch of _retire, all False between calls
+        self.flow = RequestFlow(self.alloc, self.cache)
 
     # --------------------------------------------------------------------------------------------- run
     def run(self, on_progress: Callable[[int], None] | None = None) -> PolicyResult:
@@ -192,7 +194,7 @@ class PolicyRun:
                 return
             run = self._start(req)
             if not self.builder.budget_fits_alone(run.done, run.last_loc):
-                self.cache.unlock(run.handle)
+                run.kv.release()
                 self._drop_waiting(i, budget_reason(run.done, self.cfg.logits_budget_elements))
                 continue
             others = self.running + self.decoding
@@ -210,7 +212,7 @@ class PolicyRun:
                 self.running.append(run)
                 self.cache_hit_tokens += run.done
                 continue
-            self.cache.unlock(run.handle)
+            run.kv.release()
             self.builder.refresh_room()
             if fit is not None and fit.cut == "lane" and not others:  # alone, and its chunk has no lane
                 self._drop_waiting(i, lane_reason(self.policy, fit.lane, int(self.alloc.capacity_per_lane[fit.lane]), "its cached prefix"))
@@ -247,14 +249,9 @@ class PolicyRun:
     def _start(self, req: Request) -> RunningRequest:
         """Match the prompt (``load_back`` of a host-tier part on its recorded lanes) and lock the prefix."""
         tokens = self._token_ids(req)
-        match = self.cache.match_prefix(tokens[:-1])  # at least one token is computed
-        if match.host_len:
-            match = self.cache.load_back(match)
-        self.cache.lock(match.handle)
+        kv = self.flow.start(tokens[:-1], req.input_length + req.output_length)  # at least one token is computed
         self.builder.refresh_room()
-        slots = np.empty(req.input_length + req.output_length, dtype=_I64)  # written as positions get KV
-        slots[: match.device_len] = match.device_slots
-        return RunningRequest(req, tokens, slots, match.device_len, match.handle, redo=self._redo.get(req.req_id, 0))
+        return RunningRequest(req, tokens, kv, kv.length, redo=self._redo.get(req.req_id, 0))
 
     def _kv_tokens(self, req: Request) -> int:
         """KV slots ``req`` holds at its peak, the figure admission and reservations use: its prompt; with
@@ -274,8 +271,7 @@ class PolicyRun:
         page_indptr = alloc.plan.page_indptr
         for i, r in enumerate(batch):
             n = int(indptr[i + 1] - indptr[i])
-            r.slots[r.done : r.done + n] = out[indptr[i] : indptr[i + 1]]
-            r.own_pages.append(alloc.new_pages[page_indptr[i] : page_indptr[i + 1]])
+            r.kv.take(out[indptr[i] : indptr[i + 1]], alloc.new_pages[page_indptr[i] : page_indptr[i + 1]])
             r.done += n
             self.prefill_tokens += n
             if r.remaining == 0:
@@ -321,9 +317,8 @@ class PolicyRun:
         else:
             slots, ind = a.out_cache_loc_cpu, a.plan.page_indptr
             kept = [(slots[i : i + 1], a.new_pages[ind[i] : ind[i + 1]]) for i in range(len(batch))]
-        for r, s, (slots, pages) in zip(batch, seq, kept, strict=True):
-            r.slots[s : s + slots.shape[0]] = slots
-            r.own_pages.append(pages)
+        for r, (slots, pages) in zip(batch, kept, strict=True):
+            r.kv.take(slots, pages)
             r.decoded += slots.shape[0]
             if r.decoded == r.req.output_length:
                 self.decoding.remove(r)
@@ -333,22 +328,13 @@ class PolicyRun:
 
     def leaked_pages(self) -> int:
         """Pages in use that neither the prefix cache nor a live request holds (0 unless pages leak)."""
-        live = sum(p.shape[0] for r in self.running + self.decoding for p in r.own_pages)
+        live = sum(r.kv.num_own_pages for r in self.running + self.decoding)
         return int(self.alloc.used_pages_per_lane().sum() - self.cache.cached_pages_per_lane().sum()) - live
 
     def _retire(self, r: RunningRequest, n: int) -> None:
         """Hand the full pages of the first ``n`` prompt tokens to the prefix cache, unlock the matched
         prefix, free the request's other pages (the partial last page, decode pages)."""
-        res = self.cache.insert(r.token_ids[:n], r.slots[:n])
-        self.cache.unlock(r.handle)
-        own = np.concatenate(r.own_pages) if r.own_pages else np.zeros(0, _I64)
-        mark = self._kept  # own pages neither in the tree nor freed as duplicates, in their order
-        mark[res.pages] = True
-        mark[res.duplicate_pages] = True
-        rest = own[~mark[own]]
-        mark[res.pages] = False
-        mark[res.duplicate_pages] = False
-        self.alloc.free(rest)
+        r.kv.finish(r.token_ids[:n])
 
     # ------------------------------------------------------------------------------------- rejection
     def _reject(self, r: RunningRequest, reason: str) -> None:
@@ -384,9 +370,7 @@ class PolicyRun:
         and the ``decoded`` tokens whose KV was dropped, then decodes the rest. Admission waits until an
         admitted request advances, so the freed pages go to the blocked ones."""
         self.decoding.remove(r)
-        self.cache.unlock(r.handle)
-        if r.own_pages:
-            self.alloc.free(np.concatenate(r.own_pages))
+        r.kv.release()
         self._redo[r.req.req_id] = r.decoded
         at = next((i for i, w in enumerate(self.waiting) if w.req_id > r.req.req_id), len(self.waiting))
         self.waiting.insert(at, r.req)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from ..cache.flow import RequestKV
 from .trace import Request
 
 
 @dataclass(eq=False)
 class RunningRequest:
-    """A request admitted to the group: its prompt, ``req_to_token`` row and progress (tokens).
+    """A request admitted to the group: its prompt, its KV (``cache.flow.RequestKV``: the ``req_to_token``
+    row, the lock on its cached prefix, its own pages) and progress (tokens).
 
     ``done`` counts the positions whose KV exists while it prefills (cached prefix + computed); once its
     prefill is over, ``done`` is its prompt and ``decoded`` its output positions with KV. A request a
@@ -21,12 +23,15 @@ class RunningRequest:
 
     req: Request
     token_ids: np.ndarray  # [input_length] int64
-    slots: np.ndarray  # [input_length + output_length] int64 req_to_token row; only [:done + decoded] is set
+    kv: RequestKV
     done: int  # tokens whose KV exists (cached prefix + computed)
-    handle: object  # lock handle of the matched prefix
-    own_pages: list = field(default_factory=list)  # arrays of pages allocated for this request
     decoded: int = 0
     redo: int = 0  # output tokens whose KV a retraction dropped: prefilled again after the prompt
+
+    @property
+    def slots(self) -> np.ndarray:
+        """``[input_length + output_length]`` int64 ``req_to_token`` row; ``[:done + decoded]`` is set."""
+        return self.kv.slots
 
     @property
     def remaining(self) -> int:
@@ -34,4 +39,4 @@ class RunningRequest:
 
     @property
     def last_loc(self) -> int:
-        return int(self.slots[self.done - 1]) if self.done else -1
+        return int(self.kv.slots[self.done - 1]) if self.done else -1

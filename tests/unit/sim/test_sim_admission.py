@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpkv.sim.admission import align_chunk, even_share, pages_to_finish, reservation_short, stuck_alone
+from cpkv.sim.admission import align_chunk
 from cpkv.sim.config import SimConfig
 from cpkv.sim.engine import PolicyRun
+from cpkv.sim.reservation import even_share, pages_to_finish, reservation_short, stuck_alone
 from cpkv.sim.trace import Request
 
 pytestmark = pytest.mark.unit
