@@ -18,7 +18,8 @@ Ownership contract (who frees what; the simulator and the executor rely on it):
 - ``evict`` frees device pages back to the allocator (one ``free`` call per ``evict``); nothing else ever
   frees a tree page.
 
-Engine flow for one request (``t`` its token ids, ``row`` its ``req_to_token`` slots)::
+Engine flow for one request (``t`` its token ids, ``row`` its ``req_to_token`` slots; ``flow.py``'s
+``RequestFlow`` / ``RequestKV`` is this flow as code, which the simulator and the executor use)::
 
     m = cache.load_back(cache.match_prefix(t[:-1]))   # load_back right after the match (else: stale)
     cache.lock(m.handle)
