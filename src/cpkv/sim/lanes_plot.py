@@ -121,7 +121,7 @@ def _title(config: dict, results: list, status: str) -> str:
             f"Q={_capacity_text(config.get('pages_per_lane', 0))} pages per lane")  # fmt: skip
     if status != "complete":
         done = [r.policy for r in results]
-        pending = [p for p in config.get("policies", []) if p not in done]
+        pending = [p for p in config.get("runs", config.get("policies", [])) if p not in done]
         line += f"  [{status}: {', '.join(pending) or 'some policies'} not run]"
     return f"{head}\n{line}"
 
