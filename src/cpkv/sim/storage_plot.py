@@ -7,10 +7,7 @@ p99 in seconds. Each row's label names the design's KV capacity, the reason hit 
 
 from __future__ import annotations
 
-import gc
-import io
-
-from .lanes_plot import load_matplotlib
+from .lanes_plot import load_matplotlib, png_bytes
 
 COLORS = {"owner-lane": "tab:blue", "replicated": "tab:red", "interleaved": "tab:orange",
           "interleaved-vblock": "tab:purple"}  # fmt: skip
@@ -19,14 +16,7 @@ COLORS = {"owner-lane": "tab:blue", "replicated": "tab:red", "interleaved": "tab
 
 def storage_png(results: list, config: dict, status: str = "complete") -> bytes:
     """``storage_figure`` rendered as PNG bytes (110 dpi)."""
-    plt = load_matplotlib()
-    fig = storage_figure(results, config, status)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    del fig
-    gc.collect()  # as lanes_png: free the renderer now, not inside a later replay
-    return buf.getvalue()
+    return png_bytes(lambda: storage_figure(results, config, status))
 
 
 def _label(r) -> str:

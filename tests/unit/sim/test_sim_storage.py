@@ -21,6 +21,7 @@ from cpkv.sim.storage import build_storage
 from cpkv.sim.storage.recompute import RecomputeCounter
 from cpkv.sim.trace import Request, prompt_token_ids
 from cpkv.sim.workload import build_workload
+from sim_workloads import workloads
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-STORAGE")]
 
@@ -136,31 +137,9 @@ def test_replicated_at_one_rank_is_owner_lane_at_one_rank(workload, settings_):
 
 
 # --------------------------------------------------------------------------- no page leaked, no livelock
-@st.composite
-def workloads(draw):
-    C = draw(st.integers(1, 8))
-    P = draw(st.sampled_from([1, 2, 3, 4, 16]))
-    caps = draw(st.one_of(st.integers(2, 12), st.lists(st.integers(2, 12), min_size=C, max_size=C)))
-    budget = draw(st.one_of(st.just(0), st.integers(2 * P, 300 * P * P)))
-    cfg = SimConfig(
-        cp_size=C, page_size=P, pages_per_lane=caps, chunk_size=draw(st.integers(1, 6 * P)),
-        max_batch_tokens=draw(st.integers(1, 12 * P)), max_running=draw(st.integers(1, 6)),
-        host_pages_per_lane=draw(st.sampled_from([0, 4, 64])), colocated_decode=draw(st.booleans()),
-        spec_draft_tokens=draw(st.sampled_from([0, 0, 1, 2, 3])), spec_accept_rate=draw(st.sampled_from([0, 0.5, 1])),
-        logits_budget_mb=budget * 4 / 2**20, livelock_steps=48,
-    )  # fmt: skip
-    reqs, t = [], 0.0
-    for i in range(draw(st.integers(1, 20))):
-        length = draw(st.integers(1, 8 * P))
-        shared = draw(st.sampled_from([(), (0,), (1,)]))
-        t += draw(st.sampled_from([0.0, 1.0, 40.0]))
-        reqs.append(Request(i, t, length, draw(st.integers(0, 2 * P)), (shared + (100 + i,))[: -(-length // 512)]))
-    return cfg, reqs
-
-
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=workloads())
+@given(case=workloads(max_draft_tokens=3, max_requests=20))
 def test_no_page_leaks_and_every_request_ends_under_every_design(case):
     cfg, reqs = case
     for design in KV_STORAGE_DESIGNS:
@@ -279,14 +258,16 @@ def test_measured_model_prices_the_all_gather_from_its_nccl_tables():
 def test_recomputed_tokens_are_the_computed_pages_the_cache_no_longer_had():
     c = RecomputeCounter(page_size=4)
     a = prompt_token_ids(Request(0, 0.0, 12, 0, (5,)))
-    assert c.admitted(a, 0) == 0  # nothing computed yet
-    c.retired(a, 12)  # 3 pages computed
+    assert c.admitted(0, a, 0) == 0  # nothing computed yet
+    c.retired(0, a, 12)  # 3 pages computed
     b = prompt_token_ids(Request(1, 0.0, 14, 0, (5,)))  # shares all 12 tokens: pages of b[:-1] -> 3
-    assert c.admitted(b, 12) == 0 and c.admitted(b, 4) == 8 and c.admitted(b, 0) == 12
+    assert c.admitted(1, b, 12) == 0 and c.admitted(1, b, 4) == 8 and c.admitted(1, b, 0) == 12
     other = prompt_token_ids(Request(2, 0.0, 14, 0, (6,)))
-    assert c.admitted(other, 0) == 0
-    assert c.admitted(a, 0) == 8  # a's own last token is never matched: its first 2 pages
+    assert c.admitted(2, other, 0) == 0
+    assert c.admitted(3, a, 0) == 8  # a's own last token is never matched: its first 2 pages
     assert c.tokens == 8 + 12 + 8
+    c.retired(2, other, 6)  # a rejected request hands over what it computed: one page
+    assert c.admitted(4, prompt_token_ids(Request(4, 0.0, 9, 0, (6,))), 0) == 4
 
 
 def test_runs_and_labels():

@@ -92,11 +92,11 @@ class KVStorage:
     # ------------------------------------------------------------------------------------------ hooks
     def admitted(self, run) -> None:
         """A request was admitted with ``run.done`` prompt tokens from the cache (``RunningRequest``)."""
-        self.recompute.admitted(run.token_ids, run.done)
+        self.recompute.admitted(run.req.req_id, run.token_ids, run.done)
 
     def retired(self, run, n: int) -> None:
         """A request handed its first ``n`` prompt tokens to the cache."""
-        self.recompute.retired(run.token_ids, n)
+        self.recompute.retired(run.req.req_id, run.token_ids, n)
 
     # ---------------------------------------------------------------------------------------- report
     def metrics(self, run) -> dict:

@@ -33,6 +33,7 @@ import numpy as np
 
 from ...cost.comm import CommCost
 from ...plan import BatchPlan
+from ...runs import indptr
 
 _I64 = np.int64
 
@@ -123,51 +124,50 @@ class KVTraffic:
 
 
 def position_page_lanes(rows: Sequence[np.ndarray], plan: BatchPlan, out: np.ndarray, page_size: int,
-                        lanes: int) -> list[np.ndarray]:  # fmt: skip
-    """Storage lane of every position-page of each request of a step, after its allocation: int64 ``[k_i]``
-    with ``k_i = ceil((L0 + E) / P)``, ``page_size`` the storage page (P, or P*C for a virtual block).
+                        lanes: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Storage lane of every position-page of each request of a step, after its allocation, concatenated in
+    request order: ``(lanes, indptr)``, int64 ``[sum k_i]`` and ``[B + 1]``, ``k_i = ceil((L0 + E) / P)``.
 
     ``rows``: each request's ``req_to_token`` row (slots of its prefix positions); ``out``: the step's
     ``out_cache_loc`` (slots of the extend, request order). Slots are page aligned, so position-page j's
     lane is the lane of the slot of its first position ``j * P`` (a prefix slot, else an extend slot).
     """
-    P, L0, ind = page_size, plan.prefix_lens, plan.extend_indptr
-    res = []
+    P, L0, ind = page_size, plan.prefix_lens.tolist(), plan.extend_indptr.tolist()
+    parts = []
     for i, row in enumerate(rows):
-        pre, first = int(L0[i]), -int(L0[i]) % P  # the first new page starts `first` tokens into the extend
-        ext = out[int(ind[i]) + first : int(ind[i + 1]) : P]
-        res.append(np.concatenate([row[0:pre:P], ext]) // P % lanes)
-    return res
+        parts.append(row[0 : L0[i] : P])
+        parts.append(out[ind[i] + (-L0[i] % P) : ind[i + 1] : P])  # the first new page's first slot onwards
+    pages = np.concatenate(parts) if parts else np.zeros(0, dtype=_I64)
+    k = -(-(plan.prefix_lens + plan.extend_lens) // P)
+    return pages // P % lanes, indptr(k)
 
 
 def owner_lane_reads(rows: Sequence[np.ndarray], plan: BatchPlan, out: np.ndarray, traffic: KVTraffic) -> None:
     """Count owner-lane's remote reads of one prefill step (module docstring): for each request and each
     rank that computes some of it, the positions before the end of that rank's last run there whose page
     lives on another lane. ``rows``, ``out``: as ``position_page_lanes``; ``plan``: the step's plan."""
-    C, P = plan.config.cp_size, plan.config.page_size
+    C, P, B = plan.config.cp_size, plan.config.page_size, plan.num_requests
     runs = plan.token_runs
     if C == 1 or runs.length.shape[0] == 0:
         return
     flat_start = np.add.accumulate(runs.length) - runs.length
     end = plan.prefix_lens[runs.req] + (flat_start - plan.extend_indptr[runs.req]) + runs.length  # [R]
-    key = runs.req * C + runs.owner
-    b = np.zeros(plan.num_requests * C, dtype=_I64)
-    np.maximum.at(b, key, end)  # end of each (request, rank)'s last run
+    b = np.zeros(B * C, dtype=_I64)
+    np.maximum.at(b, runs.req * C + runs.owner, end)  # end of each (request, rank)'s last run
     n = plan.per_request_rank_tokens.reshape(-1)  # [B * C] queries of each (request, rank)
-    visible = np.zeros_like(b)
-    for i, page_lanes in enumerate(position_page_lanes(rows, plan, out, P, C)):
-        ranks = np.flatnonzero(n[i * C : (i + 1) * C])
-        ends = b[i * C + ranks]
-        full = ends // P  # pages wholly before each end
-        on_lane = page_lanes[None, :] == ranks[:, None]  # [k, pages] small: ranks of one request
-        local = (np.cumsum(on_lane, axis=1) * P)[np.arange(ranks.shape[0]), np.maximum(full - 1, 0)]
-        local = np.where(full > 0, local, 0)
-        part = ends % P
-        tail = np.minimum(full, page_lanes.shape[0] - 1)
-        local += np.where((part > 0) & (page_lanes[tail] == ranks), part, 0)
-        visible[i * C + ranks] = ends - local
-    layer = traffic.read_layer_bytes(visible, n).reshape(plan.num_requests, C).sum(axis=0)
-    traffic.add_reads(layer)
+    pair = np.flatnonzero(n)  # the (request, rank) pairs that compute
+    req, rank, ends = pair // C, pair % C, b[pair]
+    lanes, ptr = position_page_lanes(rows, plan, out, P, C)
+    onehot = np.zeros((C, lanes.shape[0] + 1), dtype=_I64)  # [C, pages + 1]: pages of each lane before g
+    onehot[lanes, np.arange(1, lanes.shape[0] + 1)] = 1
+    before = np.cumsum(onehot, axis=1)
+    full, part = ends // P, ends % P  # pages wholly before each end, and the tokens of the next
+    base = ptr[req]
+    local = (before[rank, base + full] - before[rank, base]) * P
+    tail = np.minimum(base + full, max(lanes.shape[0] - 1, 0))  # the partly covered page (valid where part > 0)
+    local += np.where((part > 0) & (lanes[tail] == rank), part, 0)
+    layer = traffic.read_layer_bytes(ends - local, n[pair])
+    traffic.add_reads(np.bincount(rank, weights=layer, minlength=C).astype(_I64))
 
 
 def prefix_gather_rows(rows: Sequence[np.ndarray], plan: BatchPlan, storage_page: int, physical) -> int:
