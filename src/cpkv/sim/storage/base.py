@@ -39,8 +39,8 @@ class KVStorage:
         config: the group. cost: the run's ``StepCost`` (prices the traffic, ``traffic.KVTraffic``).
 
     Subclasses set ``name``, ``alloc``, ``cache``, ``page_size``, ``policy``, ``pages_per_unit`` (pages of
-    P tokens per page of ``alloc``) and implement ``used_pages_per_rank``, ``capacity_tokens``,
-    ``step_traffic`` and ``stuck_alone``.
+    P tokens per page of ``alloc``) and implement ``used_pages_per_rank``, ``step_traffic`` and
+    ``scratch_allocator`` (or ``stuck_alone`` itself).
     """
 
     name = ""

@@ -83,6 +83,7 @@ class KVTraffic:
         self.layers = int(getattr(tables, "num_layers", NUM_LAYERS))
         self.row_bytes = int(getattr(tables, "kv_row_bytes", LATENT_BYTES + INDEX_KEY_BYTES))
         self.topk = int(getattr(tables, "index_topk", INDEX_TOPK))
+        self.latent_bytes = self.row_bytes - INDEX_KEY_BYTES  # 1,152 for DeepSeek-V3.2
         self.cp_size = cp_size
         self.measured = tables is not None
         self.allgather_bytes = 0
@@ -113,8 +114,8 @@ class KVTraffic:
 
     def read_layer_bytes(self, visible: np.ndarray, queries: np.ndarray) -> np.ndarray:
         """Bytes per layer of ``visible`` remote keys read for ``queries`` queries (int64 arrays of one shape):
-        ``V * 132 + min(V, n * topk) * 1152`` elementwise."""
-        return visible * INDEX_KEY_BYTES + np.minimum(visible, queries * self.topk) * LATENT_BYTES
+        ``V * 132 + min(V, n * topk) * 1152`` elementwise (the latent: the row less its index key)."""
+        return visible * INDEX_KEY_BYTES + np.minimum(visible, queries * self.topk) * self.latent_bytes
 
     def provenance(self) -> dict:
         """How the traffic is priced, for the report."""
