@@ -129,10 +129,9 @@ class BatchPlan:
 
     @cached_property
     def new_pages_per_lane(self) -> np.ndarray:
-        """``[C]`` int64 new pages the batch takes on each lane (``bincount(page_owners)``; read-only), what a
-        scheduler checks against each lane's free and evictable pages before it allocates."""
-        runs = self.token_runs
-        out = np.bincount(runs.owner, weights=runs.pages, minlength=self.config.cp_size).astype(np.int64)
+        """``[C]`` int64 new pages the batch takes on each lane (``bincount(page_owners)``, at least C entries;
+        read-only), what a scheduler checks against each lane's free and evictable pages before it allocates."""
+        out = np.bincount(self.page_owners, minlength=self.config.cp_size)
         out.setflags(write=False)
         return out
 

@@ -1,4 +1,5 @@
-"""``cpkv simulate``: replay traffic through one CP prefill group under each owner policy (``cpkv.sim``)."""
+"""``cpkv simulate``: replay traffic through one CP prefill group under each owner policy and KV storage design
+(``cpkv.sim``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import click
 
 from ..config import OWNER_POLICIES
 from ..cost.spec import DEFAULT_BACKEND, DEFAULT_GPU, DEFAULT_MODEL, MeasuredSpec
-from ..sim.config import SimConfig
+from ..sim.config import KV_STORAGE_DESIGNS, OWNER_LANE, SimConfig
 from .options import FilePath, InputError, parse_pages_per_lane
 
 
@@ -40,6 +41,10 @@ from .options import FilePath, InputError, parse_pages_per_lane
               help="Per-draft-token acceptance probability of --spec-draft-tokens (seeded, geometric).")
 @click.option("--policy", "policies", multiple=True, default=["all"], show_default=True,
               type=click.Choice([*OWNER_POLICIES, "all"]), help="Owner policy; repeatable.")
+@click.option("--kv-storage", "kv_storage", multiple=True, default=[OWNER_LANE], show_default=True,
+              type=click.Choice([*KV_STORAGE_DESIGNS, "all"]),
+              help="KV storage design (SPEC C-STORAGE, docs/storage-models.md); repeatable. Owner policies place "
+                   "owner-lane's pages; the other designs run once each with their own placement.")  # fmt: skip
 @click.option("--cost-model", type=click.Choice(["measured", "illustrative"]), default="measured", show_default=True,
               help="What prices each step: aiconfigurator's measured operator latencies (the `cost` extra) "
                    "or three illustrative constants (not a GPU's).")  # fmt: skip
@@ -57,8 +62,10 @@ from .options import FilePath, InputError, parse_pages_per_lane
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per_lane, chunk_size,
              max_batch_tokens, logits_budget_mb, colocated_decode, spec_draft_tokens, spec_accept_rate, policies,
-             cost_model, gpu, model, backend, ep_size, max_requests, seed, out_dir, no_progress) -> None:  # fmt: skip
-    """Replay traffic through one CP prefill group under each owner policy; write a side-by-side report.
+             kv_storage, cost_model, gpu, model, backend, ep_size, max_requests, seed, out_dir,
+             no_progress) -> None:  # fmt: skip
+    """Replay traffic through one CP prefill group under each owner policy and KV storage design; write a
+    side-by-side report.
 
     The output directory is created and probed before the replay, the report is rewritten after each
     policy (report.json "status": "incomplete" until the last) and every file is replaced atomically.
@@ -68,7 +75,7 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
     Times are H200 milliseconds of DeepSeek-V3.2 on SGLang by default (--cost-model measured, the `cost`
     extra: pip install 'cpkv[cost]'); docs/cost-model.md says what they hold.
     """
-    from ..sim.config import check_policies
+    from ..sim.config import check_designs, check_policies
     from ..sim.runner import SimulationInterrupted
     from ..sim.runner import simulate as run_simulation
     from ..sim.workload import build_workload
@@ -92,7 +99,8 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
     if hint:
         click.echo(f"cpkv: note: {hint}", err=True)
     try:
-        result = run_simulation(config, spec, check_policies(list(policies)), out_dir=out_dir, progress=not no_progress)
+        result = run_simulation(config, spec, check_policies(list(policies)), kv_storage=check_designs(list(kv_storage)),
+                                out_dir=out_dir, progress=not no_progress)  # fmt: skip
     except SimulationInterrupted as e:
         raise click.exceptions.Abort(interrupted_line(e, out_dir)) from None  # main prints it on one line
     click.echo(f"wrote {', '.join(str(p) for p in result.paths)}")
@@ -147,13 +155,13 @@ def check_out_dir(out_dir: Path) -> None:
     Creates nothing: an existing ``out_dir`` must be a writable directory whose report names are free of
     directories; a new one needs its nearest existing parent to be a writable directory.
     """
-    from ..sim.report import OUTPUT_FILES
+    from ..sim.report import OUTPUT_FILES, STORAGE_FIGURE
 
     existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
     if not existing.is_dir():
         raise InputError(f"--out {out_dir}: {existing} exists and is not a directory")
     if not os.access(existing, os.W_OK):
         raise InputError(f"--out {out_dir}: {existing} is not writable")
-    blocked = [name for name in OUTPUT_FILES if (out_dir / name).is_dir()]
+    blocked = [name for name in (*OUTPUT_FILES, STORAGE_FIGURE) if (out_dir / name).is_dir()]
     if blocked:
         raise InputError(f"--out {out_dir}: {', '.join(blocked)} is a directory")

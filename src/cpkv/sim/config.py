@@ -155,3 +155,23 @@ def check_policies(policies: list[str]) -> list[str]:
             if name not in out:
                 out.append(name)
     return out
+
+
+OWNER_LANE = "owner-lane"
+KV_STORAGE_DESIGNS = (OWNER_LANE, "replicated", "interleaved", "interleaved-vblock")
+"""KV storage designs of a CP group (SPEC C-STORAGE; ``sim.storage`` builds them): ``owner-lane`` (cpkv, the
+default), ``replicated`` (SGLang in-seq-split CP up to 0.5.9), ``interleaved`` (SGLang 0.5.23 page
+interleave), ``interleaved-vblock`` (vLLM DCP virtual blocks)."""
+
+
+def check_designs(names: list[str]) -> list[str]:
+    """Validate KV storage design names for a run (``all`` expands to every design), in the order given, each
+    once; ConfigError naming an unknown one."""
+    out: list[str] = []
+    for n in names:
+        for name in KV_STORAGE_DESIGNS if n == "all" else (n,):
+            if name not in KV_STORAGE_DESIGNS:
+                raise ConfigError(f"kv storage {name!r} is unknown; use one of {', '.join(KV_STORAGE_DESIGNS)} or all")
+            if name not in out:
+                out.append(name)
+    return out

@@ -26,10 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..allocator import OwnerLaneAllocator
-from ..cache import PrefixCache
 from ..cache.flow import RequestFlow
-from ..config import CPConfig
 from ..errors import LaneExhausted
 from ..plan import BatchPlan
 from ..policy import follows_free_pages
@@ -39,9 +36,10 @@ from .cost import step_cost
 from .metrics import StepRecorder, livelock_finding, policy_metrics
 from .rejection import budget_reason, lane_reason, pool_reason
 from .report import PolicyResult
-from .reservation import pages_to_finish, reservation_short, stuck_alone
+from .reservation import pages_to_finish, reservation_short
 from .running import RunningRequest
 from .spec_decode import SpecDecoder
+from .storage import OWNER_LANE, build_storage
 from .trace import Request, prompt_token_ids
 
 _I64 = np.int64
@@ -70,16 +68,16 @@ class PolicyRun:
         config: the ``SimConfig``. policy: ``rotation`` | ``legacy`` | ``balanced``.
         requests: the workload, in arrival order.
         cost: the ``cpkv.cost.StepCost`` that prices each step (default: ``step_cost(config)``).
+        kv_storage: the KV storage design (``sim.storage``, C-STORAGE; owner policies place owner-lane's pages).
     """
 
-    def __init__(self, config: SimConfig, policy: str, requests: Sequence[Request], cost=None) -> None:
+    def __init__(self, config: SimConfig, policy: str, requests: Sequence[Request], cost=None,
+                 kv_storage: str = OWNER_LANE) -> None:  # fmt: skip
         self.cfg = config
         self.cost = step_cost(config) if cost is None else cost
-        self.policy = policy
         self.requests = requests
-        cp = CPConfig(config.cp_size, config.page_size, policy)
-        self.alloc = OwnerLaneAllocator(cp, list(config.lane_capacities))
-        self.cache = PrefixCache(self.alloc, host_pages_per_lane=config.host_pages_per_lane)
+        self.storage = build_storage(kv_storage, config, policy, self.cost)  # C-STORAGE: allocator, cache, traffic
+        self.alloc, self.cache, self.policy = self.storage.alloc, self.storage.cache, self.storage.policy
         self.spec = (
             SpecDecoder(self.alloc, config.spec_draft_tokens, config.spec_accept_rate, config.seed)
             if config.spec_draft_tokens else None
@@ -153,13 +151,14 @@ class PolicyRun:
         batch = b.commit()
         decode = self._decode_step() if self.decoding else None
         work = self.cost.step_work(batch[1].plan if batch else None, decode)
-        self.now_ms += self.cost.overhead_ms + float(work.max())
+        kv_ms = self.storage.step_traffic([r.slots for r in batch[0]], batch[1]) if batch is not None else 0.0
+        self.now_ms += self.cost.overhead_ms + float(work.max()) + kv_ms
         if batch is not None:
             self.logits_peak = max(self.logits_peak, int(batch[2].max()))
             self._advance(*batch[:2])
         elif decode is None and (self.running or self.decoding):
             self._unblock(min(self.running + self.decoding, key=lambda r: r.req.req_id))
-        self.rec.record(self.now_ms, self.alloc.used_pages_per_lane(), work if batch is not None else None)
+        self.rec.record(self.now_ms, self.storage.used_pages_per_rank(), work if batch is not None else None)
         if batch is not None or decode is not None:
             self._hold_admission = False
             return True
@@ -181,7 +180,7 @@ class PolicyRun:
         only by a lane lets the requests behind it try (their pages may go to other lanes)."""
         if self._hold_admission and (self.running or self.decoding):
             return  # the pages a retraction freed go to the admitted requests first
-        P = self.cfg.page_size
+        P = self.storage.page_size
         usable = int(self.alloc.capacity_per_lane.sum())
         i = 0
         while i < len(self.waiting) and len(self.running) + len(self.decoding) < self.cfg.max_running:
@@ -211,6 +210,7 @@ class PolicyRun:
                 self._tokens.pop(req.req_id, None)
                 self.running.append(run)
                 self.cache_hit_tokens += run.done
+                self.storage.admitted(run)
                 continue
             run.kv.release()
             self.builder.refresh_room()
@@ -225,7 +225,7 @@ class PolicyRun:
         """``reservation_short`` per lane: the step's batch as planned, then every admitted request's later
         pages (its pages left after its chunk of this step) as even shares."""
         chunk = self.builder.chunks()
-        P = self.cfg.page_size
+        P = self.storage.page_size
         left = [pages_to_finish(self._kv_tokens(r.req), r.done + r.decoded + chunk.get(r, 0), P) for r in admitted]
         return reservation_short(self.policy, left, self.builder.room, self.builder.placed_pages())
 
@@ -234,7 +234,7 @@ class PolicyRun:
         before any load-back, as an engine checks its token budget before ``load_back``)."""
         room = self.alloc.total_free_pages + int(self.cache.evictable_pages_per_lane().sum())
         room -= sum(self._pages_left(r) for r in self.running + self.decoding)
-        kv, P = self._kv_tokens(req), self.cfg.page_size
+        kv, P = self._kv_tokens(req), self.storage.page_size
         if pages_to_finish(kv, 0, P) <= room:  # fits even with nothing cached: no need to match
             return True
         probe = self.cache.match_prefix(self._token_ids(req)[:-1], record=False)
@@ -262,7 +262,7 @@ class PolicyRun:
         return req.input_length + req.output_length + (self.cfg.spec_draft_tokens - 1 if self.spec else 0)
 
     def _pages_left(self, r: RunningRequest) -> int:
-        return pages_to_finish(self._kv_tokens(r.req), r.done + r.decoded, self.cfg.page_size)
+        return pages_to_finish(self._kv_tokens(r.req), r.done + r.decoded, self.storage.page_size)
 
     # --------------------------------------------------------------------------------------- advance
     def _advance(self, batch: list[RunningRequest], alloc) -> None:
@@ -334,6 +334,7 @@ class PolicyRun:
     def _retire(self, r: RunningRequest, n: int) -> None:
         """Hand the full pages of the first ``n`` prompt tokens to the prefix cache, unlock the matched
         prefix, free the request's other pages (the partial last page, decode pages)."""
+        self.storage.retired(r, n)
         r.kv.finish(r.token_ids[:n])
 
     # ------------------------------------------------------------------------------------- rejection
@@ -354,10 +355,10 @@ class PolicyRun:
         with every other page of the pool free (its policy puts its next chunk, or its decode step's
         slots, on a lane full of its own pages), else retract the youngest decoding request."""
         kv = oldest.done + oldest.decoded  # tokens whose KV exists (prompt, then decode)
-        held = np.unique(oldest.slots[:kv] // self.cfg.page_size) if kv else np.zeros(0, _I64)
-        last_page = int(oldest.slots[kv - 1]) // self.cfg.page_size if kv else -1
+        held = np.unique(oldest.slots[:kv] // self.storage.page_size) if kv else np.zeros(0, _I64)
+        last_page = int(oldest.slots[kv - 1]) // self.storage.page_size if kv else -1
         step = self.decode_builder.config.chunk_size if oldest in self.decoding else 1  # K slots, or one token
-        lane = stuck_alone(self.cfg, self.policy, held, kv, last_page, step)
+        lane = self.storage.stuck_alone(held, kv, last_page, step)
         if lane >= 0:
             self._reject(oldest, lane_reason(self.policy, lane, int(self.alloc.capacity_per_lane[lane]), "its own pages"))
         elif self.decoding and len(self.running) + len(self.decoding) > 1:  # alone, a retraction frees nothing
@@ -381,4 +382,4 @@ class PolicyRun:
     # --------------------------------------------------------------------------------------- results
     def _result(self, wall_s: float) -> PolicyResult:
         used = self.rec.used()
-        return PolicyResult(self.policy, policy_metrics(self, used, wall_s), self.rec.times(), used)
+        return PolicyResult(self.storage.label, policy_metrics(self, used, wall_s), self.rec.times(), used)

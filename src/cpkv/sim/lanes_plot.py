@@ -61,8 +61,13 @@ def binned(times: np.ndarray, values: np.ndarray, bins: int) -> tuple[np.ndarray
 
 def lanes_png(results: list, config: dict, status: str = "complete") -> bytes:
     """``lanes_figure`` rendered as PNG bytes (110 dpi)."""
+    return png_bytes(lambda: lanes_figure(results, config, status))
+
+
+def png_bytes(make_figure) -> bytes:
+    """The matplotlib figure ``make_figure()`` returns as PNG bytes (110 dpi), closed and freed before return."""
     plt = load_matplotlib()
-    fig = lanes_figure(results, config, status)
+    fig = make_figure()  # only this frame holds it, so the collection below frees it
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
@@ -121,7 +126,7 @@ def _title(config: dict, results: list, status: str) -> str:
             f"Q={_capacity_text(config.get('pages_per_lane', 0))} pages per lane")  # fmt: skip
     if status != "complete":
         done = [r.policy for r in results]
-        pending = [p for p in config.get("policies", []) if p not in done]
+        pending = [p for p in config.get("runs", config.get("policies", [])) if p not in done]
         line += f"  [{status}: {', '.join(pending) or 'some policies'} not run]"
     return f"{head}\n{line}"
 

@@ -112,10 +112,12 @@ def percentile_ms(values: list[float], q: float) -> float | None:
 def policy_metrics(run, used: np.ndarray, wall_s: float) -> dict:
     """The report metrics of one finished replay (docs/metrics.md; ``sim_wall_s`` is ``wall_s`` rounded).
 
-    ``run``: the ``sim.engine.PolicyRun`` (its counters, recorder, allocator, prefix cache and
-    speculative decoder are read, nothing is changed); ``used``: its recorder's ``used()`` pages per step.
+    ``run``: the ``sim.engine.PolicyRun`` (its counters, recorder, allocator, prefix cache, speculative
+    decoder and KV storage design are read, nothing is changed); ``used``: its recorder's ``used()`` pages per
+    step. Page counts of the cache are in pages of P tokens (a virtual block of ``interleaved-vblock`` is C).
     """
     counters = run.cache.counters()
+    unit = run.storage.pages_per_unit  # pages of P tokens per page of the design's cache
     reasons: dict[str, int] = {}
     for why in run.rejections.values():
         code = why.split(":", 1)[0]
@@ -132,7 +134,7 @@ def policy_metrics(run, used: np.ndarray, wall_s: float) -> dict:
         "compute_imbalance_mean": compute_imbalance_mean(work),
         "owner_lane_exhausted": run.owner_lane_exhausted,
         "load_back_owner_lane_capacity_failed": counters["load_back_owner_lane_capacity_failed"],
-        "evicted_pages": int(sum(counters["evicted_pages"])),
+        "evicted_pages": int(sum(counters["evicted_pages"])) * unit,
         "livelock_detected": run.livelock is not None,
         "ttft_ms_p50": percentile_ms(run.ttft_ms, 50),
         "ttft_ms_p99": percentile_ms(run.ttft_ms, 99),
@@ -145,11 +147,12 @@ def policy_metrics(run, used: np.ndarray, wall_s: float) -> dict:
         "leaked_pages": run.leaked_pages(),
         "retractions": run.retractions,
         **(run.spec.metrics() if run.spec else {}),
-        "load_back_pages": counters["load_backs"],
-        "host_backups": counters["backups"],
+        "load_back_pages": counters["load_backs"] * unit,
+        "host_backups": counters["backups"] * unit,
         "rejection_reasons": dict(sorted(reasons.items())),
         "livelock": run.livelock,
         "rejections": {str(k): v for k, v in sorted(run.rejections.items())[:100]},
+        **run.storage.metrics(run),
     }
 
 

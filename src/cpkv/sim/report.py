@@ -1,4 +1,5 @@
-"""Simulator outputs: ``report.json``, ``config.json``, ``summary.csv``, ``lanes.png`` and the side-by-side table.
+"""Simulator outputs: ``report.json``, ``config.json``, ``summary.csv``, ``lanes.png`` (and ``storage.png`` when
+KV storage designs are compared) and the side-by-side table.
 
 Nothing is lost on a failed write: the output directory is created and probed before the replay
 (``prepare_out_dir``), every file is written to a temporary name in that directory and renamed into place
@@ -34,6 +35,16 @@ SPEC_DECODE_FIELDS = (
     "draft_pages_released", "draft_pages_per_lane", "draft_lane_imbalance",
 )  # fmt: skip
 """Also in the table and ``summary.csv`` when the run decoded speculatively (``--spec-draft-tokens``)."""
+
+STORAGE_FIELDS = (
+    "kv_storage", "kv_capacity_tokens", "cache_hit_rate", "prefill_tokens_recomputed", "kv_allgather_bytes_per_rank",
+    "kv_remote_read_bytes_per_rank", "kv_comm_ms", "kv_comm_exposed_ms",
+)  # fmt: skip
+"""Every entry of ``report.json`` carries them; also in the table and ``summary.csv`` when the run compares KV
+storage designs (``--kv-storage``, SPEC C-STORAGE; docs/metrics.md)."""
+
+STORAGE_FIGURE = "storage.png"
+"""Written besides ``OUTPUT_FILES`` when the run compares KV storage designs: hit rate and TTFT per design."""
 
 
 OUTPUT_FILES = ("report.json", "config.json", "summary.csv", "lanes.png")
@@ -94,15 +105,17 @@ def prepare_out_dir(out_dir: Path) -> None:
 def write_outputs(
     out_dir: Path, config: dict, results: list[PolicyResult], *, pending: list[str] = (), interrupted: bool = False
 ) -> list[Path]:
-    """Write ``report.json``, ``config.json``, ``summary.csv`` and ``lanes.png`` into ``out_dir``.
+    """Write ``report.json``, ``config.json``, ``summary.csv`` and ``lanes.png`` into ``out_dir``, and
+    ``storage.png`` when the results compare KV storage designs.
 
-    ``report.json`` is ``{"status", "policies_pending", "config", "policies": {"<policy>": {metrics}}}``;
+    ``report.json`` is ``{"status", "policies_pending", "config", "policies": {"<policy>": {metrics}}}``
+    (``<design>/<policy>`` or ``<design>`` when designs are compared, see ``runner.runs``);
     ``status`` is ``complete`` when nothing is ``pending``, else ``incomplete`` (or ``interrupted``).
     Each file is written to a temporary name and renamed into place on its own; a file that fails does
     not stop the others.
 
     Returns:
-        The four paths.
+        The paths written (four, or five with ``storage.png``).
 
     Raises:
         ReportWriteError: naming the first file that could not be written (the others were written).
@@ -116,6 +129,8 @@ def write_outputs(
         "summary.csv": lambda: _summary_csv(results).encode(),
         "lanes.png": lambda: _lanes_png(results, config, status),
     }
+    if compares_designs(results):
+        payloads[STORAGE_FIGURE] = lambda: _storage_png(results, config, status)
     failed: dict[str, str] = {}
     for name, payload in payloads.items():
         try:
@@ -168,16 +183,28 @@ def _summary_csv(results: list[PolicyResult]) -> str:
     return buf.getvalue()
 
 
+def compares_designs(results: list[PolicyResult]) -> bool:
+    """Whether ``results`` hold a KV storage design other than owner-lane (``--kv-storage``)."""
+    return any(r.metrics.get("kv_storage", "owner-lane") != "owner-lane" for r in results)
+
+
 def _fields(results: list[PolicyResult]) -> tuple[str, ...]:
-    """``REPORT_FIELDS``, plus ``SPEC_DECODE_FIELDS`` when a result has them."""
+    """``REPORT_FIELDS``, plus ``SPEC_DECODE_FIELDS`` when a result has them and ``STORAGE_FIELDS`` when the
+    results compare KV storage designs."""
     spec = any("draft_pages_allocated" in r.metrics for r in results)
-    return REPORT_FIELDS + (SPEC_DECODE_FIELDS if spec else ())
+    return REPORT_FIELDS + (SPEC_DECODE_FIELDS if spec else ()) + (STORAGE_FIELDS if compares_designs(results) else ())
 
 
 def _lanes_png(results: list[PolicyResult], config: dict, status: str) -> bytes:
     from .lanes_plot import lanes_png
 
     return lanes_png(results, config, status)
+
+
+def _storage_png(results: list[PolicyResult], config: dict, status: str) -> bytes:
+    from .storage_plot import storage_png
+
+    return storage_png(results, config, status)
 
 
 def load_plotting() -> None:
@@ -196,14 +223,17 @@ LANES_PER_LINE = (8, 4, 2, 1)
 def format_value(key: str, value: object, lanes_per_line: int = 4) -> str:
     """Text of one metric in the side-by-side table; one precision per metric, from its unit.
 
-    Ratios (``*imbalance*``) 4 decimals, ms 1 decimal, seconds (``*_s``) 2 decimals, counts with
-    thousands separators, lists of lane values ``lanes_per_line`` a line in equal-width columns, bools
-    ``yes``/``no``, missing values ``-``. Example ``format_value("sim_wall_s", 14.9)`` -> ``"14.90"``.
+    Ratios (``*imbalance*``) 4 decimals, ms 1 decimal, seconds (``*_s``) 2 decimals, bytes (``*_bytes*``)
+    in GB with 2 decimals, counts with thousands separators, lists of lane values ``lanes_per_line`` a line
+    in equal-width columns, bools ``yes``/``no``, missing values ``-``. Examples ``format_value("sim_wall_s",
+    14.9)`` -> ``"14.90"``, ``format_value("kv_comm_bytes", 1_234_000_000)`` -> ``"1.23 GB"``.
     """
     if value is None:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if "_bytes" in key and isinstance(value, int):
+        return f"{value / 1e9:,.2f} GB"
     if isinstance(value, list):
         cells = _lane_cells(value)
         return "\n".join(" ".join(cells[i : i + lanes_per_line]) for i in range(0, len(cells), lanes_per_line))

@@ -1,4 +1,5 @@
-"""Run a workload under several owner policies and write the report (the ``cpkv simulate`` job).
+"""Run a workload under several owner policies and KV storage designs and write the report (the ``cpkv
+simulate`` job).
 
 Results are never lost: the output directory is probed before the first replay, the report is rewritten
 after every policy (``status: incomplete`` until the last), a Ctrl-C writes the finished policies as
@@ -8,19 +9,21 @@ after every policy (``status: incomplete`` until the last), a Ctrl-C writes the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .config import SimConfig
 from .cost import step_cost
 from .engine import PolicyRun
 from .report import PolicyResult, ReportWriteError, load_plotting, prepare_out_dir, print_table, write_outputs
+from .storage import OWNER_LANE
+from .storage.traffic import KVTraffic
 from .workload import WorkloadSpec, workload_stats
 
 
 @dataclass(frozen=True)
 class SimulationResult:
-    """All policies of one run: ``results`` in policy order, the ``config`` dict written to the report,
+    """All replays of one run: ``results`` in run order (``runs``), the ``config`` dict written to the report,
     and the output ``paths`` (empty when no ``out_dir`` was given or nothing could be written)."""
 
     results: tuple[PolicyResult, ...]
@@ -46,15 +49,21 @@ def simulate(
     workload: WorkloadSpec,
     policies: Sequence[str],
     *,
+    kv_storage: Sequence[str] = (OWNER_LANE,),
     out_dir: Path | None = None,
     progress: bool = True,
     table: bool = True,
 ) -> SimulationResult:
-    """Replay ``workload`` once per policy with ``config``; optionally print and write the report.
+    """Replay ``workload`` once per policy and KV storage design with ``config``; optionally print and write
+    the report.
 
     Args:
         config: the group and scheduler. workload: requests (and their description).
         policies: owner policies, e.g. ``["rotation", "legacy", "balanced"]``.
+        kv_storage: KV storage designs (``sim.storage.KV_STORAGE_DESIGNS``, SPEC C-STORAGE): ``owner-lane``
+            runs once per policy, every other design once (its placement is its own). Results are named
+            by ``runs``: the policy alone when only owner-lane runs (as without designs), else
+            ``owner-lane/<policy>`` and the other designs' names.
         out_dir: directory for ``report.json``, ``config.json``, ``summary.csv``, ``lanes.png``; created
             and probed before the first replay, rewritten after each policy.
         progress: show a progress bar per policy (rich). table: print the side-by-side table.
@@ -71,7 +80,8 @@ def simulate(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    policies = list(policies)
+    plan = runs(policies, kv_storage)
+    labels = [label for label, _, _ in plan]
     cost = step_cost(config)  # the measured tables are built once, before anything is written
     report_config = {
         **config.to_dict(),
@@ -79,7 +89,9 @@ def simulate(
         "workload": workload.name,
         "workload_description": workload.description,
         "workload_stats": workload_stats(workload.requests),
-        "policies": policies,
+        "policies": list(policies),
+        **({"kv_storage": list(kv_storage), "runs": labels, "kv_traffic": KVTraffic(cost, config.cp_size).provenance()}
+           if labels != list(policies) else {}),  # fmt: skip
     }
     if out_dir is not None:
         prepare_out_dir(out_dir)
@@ -93,23 +105,23 @@ def simulate(
             TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             disable=not progress, transient=False,
         ) as bar:  # fmt: skip
-            for policy in policies:
-                task = bar.add_task(policy, total=total)
-                run = PolicyRun(config, policy, workload.requests, cost)
-                result = run.run(on_progress=lambda n, t=task: bar.update(t, completed=n))
+            for label, design, policy in plan:
+                task = bar.add_task(label, total=total)
+                run = PolicyRun(config, policy, workload.requests, cost, kv_storage=design)
+                result = replace(run.run(on_progress=lambda n, t=task: bar.update(t, completed=n)), policy=label)
                 bar.update(task, completed=total if not result.metrics["livelock_detected"] else None)
                 results.append(result)
-                if out_dir is not None and len(results) < len(policies):
-                    _write(out_dir, report_config, results, policies)  # a later Ctrl-C or kill keeps it
+                if out_dir is not None and len(results) < len(labels):
+                    _write(out_dir, report_config, results, labels)  # a later Ctrl-C or kill keeps it
     except KeyboardInterrupt:
-        pending = policies[len(results) :]
+        pending = labels[len(results) :]
         paths, error = (), None
         if results and out_dir is not None:
-            paths, error = _write(out_dir, report_config, results, policies, interrupted=True)
+            paths, error = _write(out_dir, report_config, results, labels, interrupted=True)
         if table and results:
             print_table(results, f"{title} | interrupted: {', '.join(pending)} not run")
         raise SimulationInterrupted(SimulationResult(tuple(results), report_config, paths), pending, error) from None
-    paths, error = _write(out_dir, report_config, results, policies) if out_dir is not None else ((), None)
+    paths, error = _write(out_dir, report_config, results, labels) if out_dir is not None else ((), None)
     if table:
         print_table(results, title)
     outcome = SimulationResult(tuple(results), report_config, paths)
@@ -117,6 +129,21 @@ def simulate(
         note = f"{error.note}; the table above has the results" if table else error.note
         raise ReportWriteError(error.path, error.reason, outcome, note)
     return outcome
+
+
+def runs(policies: Sequence[str], kv_storage: Sequence[str]) -> list[tuple[str, str, str]]:
+    """``(label, design, policy)`` of each replay, in order: ``owner-lane`` under each policy, every other
+    design once (under the first policy, which it does not read). The label is the policy alone when only
+    owner-lane runs, else ``owner-lane/<policy>`` and the design's name. Example policies [rotation,
+    balanced], designs [owner-lane, replicated]: owner-lane/rotation, owner-lane/balanced, replicated."""
+    alone = list(kv_storage) == [OWNER_LANE]
+    out = []
+    for design in kv_storage:
+        if design != OWNER_LANE:
+            out.append((design, design, policies[0]))
+            continue
+        out += [(p if alone else f"{OWNER_LANE}/{p}", OWNER_LANE, p) for p in policies]
+    return out
 
 
 def cost_line(provenance: dict) -> str:

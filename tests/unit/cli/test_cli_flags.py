@@ -13,7 +13,7 @@ FLAGS = {
     "plan": ["--batch", "--cp-size", "--extend-len", "--head-owner", "--json", "--page-size", "--policy",
              "--prefix-len", "--req-index"],
     "simulate": ["--backend", "--chunk-size", "--colocated-decode", "--cost-model", "--cp-size", "--ep-size", "--gpu",
-                 "--host-pages-per-lane", "--logits-budget-mb", "--max-batch-tokens", "--max-requests", "--model",
+                 "--host-pages-per-lane", "--kv-storage", "--logits-budget-mb", "--max-batch-tokens", "--max-requests", "--model",
                  "--no-progress", "--out", "--page-size", "--pages-per-lane", "--policy", "--seed", "--spec-accept-rate",
                  "--spec-draft-tokens", "--trace", "--workload"],
     "run-dist": ["--attention", "--chunks", "--cp-size", "--decode-steps", "--extend-len", "--index-heads",

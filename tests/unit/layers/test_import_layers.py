@@ -38,6 +38,7 @@ FLOORS = {
     "cpkv.allocator": 7,  # LanePool, OwnerLaneAllocator
     "cpkv.cache": 8,  # the prefix cache over the allocator
     "cpkv.sim": 9,  # the simulator drives allocator and cache
+    "cpkv.sim.storage": 9,  # the KV storage designs the simulator's engine drives (C-STORAGE)
     "cpkv.integrations": 9,  # SGLang's allocator contract over the allocator
     "cpkv.cli.options": 9,  # options shared by the cpkv commands, run-dist's included
     "cpkv.executor": 10,  # the distributed reference (torch.distributed only here)

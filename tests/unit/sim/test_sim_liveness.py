@@ -9,11 +9,11 @@ bottleneck); there the same accounting must still hold.
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from cpkv.sim.config import SimConfig
 from cpkv.sim.engine import PolicyRun
 from cpkv.sim.trace import Request
+from sim_workloads import workloads
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-BUDGET", "C-BALANCED", "C-DRAFT")]
 
@@ -43,29 +43,6 @@ def _check(cfg: SimConfig, policy: str, reqs: list[Request], step_log) -> dict:
         for i, p, n in zip(s.req_ids[1:], s.prefixes[1:], s.chunks[1:], strict=True):
             assert (p + n) % cfg.page_size == 0 or p + n == length[i]
     return m
-
-
-@st.composite
-def workloads(draw):
-    C = draw(st.integers(1, 8))
-    P = draw(st.sampled_from([1, 2, 3, 4, 16]))
-    caps = draw(st.one_of(st.integers(2, 12), st.lists(st.integers(2, 12), min_size=C, max_size=C)))
-    budget = draw(st.one_of(st.just(0), st.integers(2 * P, 300 * P * P)))
-    cfg = SimConfig(
-        cp_size=C, page_size=P, pages_per_lane=caps, chunk_size=draw(st.integers(1, 6 * P)),
-        max_batch_tokens=draw(st.integers(1, 12 * P)), max_running=draw(st.integers(1, 6)),
-        host_pages_per_lane=draw(st.sampled_from([0, 4, 64])), colocated_decode=draw(st.booleans()),
-        spec_draft_tokens=draw(st.sampled_from([0, 0, 1, 2, 3, 4])), spec_accept_rate=draw(st.sampled_from([0, 0.5, 1])),
-        logits_budget_mb=budget * 4 / 2**20, livelock_steps=48,
-    )  # fmt: skip
-    reqs, t = [], 0.0
-    for i in range(draw(st.integers(1, 24))):
-        length = draw(st.integers(1, 8 * P))
-        shared = draw(st.sampled_from([(), (0,), (1,)]))  # a shared first block, or fresh blocks
-        ids = (shared + tuple(range(100 + 10 * i, 110 + 10 * i)))[: -(-length // 512)]
-        t += draw(st.sampled_from([0.0, 1.0, 40.0]))
-        reqs.append(Request(i, t, length, draw(st.integers(0, 2 * P)), ids))
-    return cfg, reqs
 
 
 @pytest.mark.slow

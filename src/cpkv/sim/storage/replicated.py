@@ -1,0 +1,48 @@
+"""``replicated``: every rank stores every page (SGLang's in-sequence-split CP up to 0.5.9; SPEC C-STORAGE,
+C-POOL's replicated kind).
+
+With ``Q`` pages of HBM per rank the group holds ``Q`` pages (the smallest rank's ``Q`` when ranks differ:
+every rank holds all of them), C times fewer than owner lanes. Each layer all-gathers the extend's latent
+and index-key rows so every rank writes all of them; nothing else moves (the prefix is on every rank).
+The prefix cache's unit is one page. Compute is the zigzag split over the C ranks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...allocator import ExtendAllocation, OwnerLaneAllocator
+from ...cache import PrefixCache
+from ...config import BALANCED, CPConfig
+from ..config import SimConfig
+from .base import KVStorage
+from .compute import ZigzagCompute
+from .one_pool import OnePoolAllocator
+
+
+class ReplicatedStorage(KVStorage):
+    """The replicated design: ``OwnerLaneAllocator(..., kind="replicated")`` of ``min(Q_r)`` pages.
+
+    The owner policy has nothing to place (one lane); the scheduler runs ``balanced``'s rules, which on one
+    lane are every policy's.
+    """
+
+    name = "replicated"
+
+    def __init__(self, config: SimConfig, policy: str, cost) -> None:
+        super().__init__(config, cost)
+        C, P = config.cp_size, config.page_size
+        self.pool = OwnerLaneAllocator(CPConfig(C, P, BALANCED), min(config.lane_capacities), kind="replicated")
+        self.alloc = OnePoolAllocator(self.pool, ZigzagCompute(C, P), BALANCED)
+        self.cache = PrefixCache(self.pool, host_pages_per_lane=config.host_pages_per_lane)
+        self.page_size, self.policy = P, BALANCED
+
+    def used_pages_per_rank(self) -> np.ndarray:
+        return np.full(self.cp_size, int(self.pool.used_pages_per_lane()[0]), dtype=np.int64)  # on every rank
+
+    def step_traffic(self, rows, allocation: ExtendAllocation) -> float:
+        return self.traffic.add_allgathers(allocation.plan.max_rank_tokens)
+
+    def scratch_allocator(self) -> OnePoolAllocator:
+        pool = OwnerLaneAllocator(self.pool.config, int(self.pool.lane_pages[0]), kind="replicated")
+        return OnePoolAllocator(pool, self.alloc.compute, BALANCED)

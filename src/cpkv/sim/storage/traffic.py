@@ -1,0 +1,187 @@
+"""KV traffic of one prefill step under each storage design, in bytes and priced (SPEC C-STORAGE, C-COST).
+
+Per token and layer a KV row is the latent (576 x 2 B, bf16) plus the index key (128 B and one fp32
+scale): 1,284 B; 61 layers (DeepSeek-V3.2; the measured tables' own figures when they price the run).
+What moves, per layer, in a prefill step whose busiest rank computes ``M`` tokens:
+
+- **extend all-gather** (replicated, interleaved, interleaved-vblock): every rank all-gathers the rows
+  the others computed, ``M`` rows per rank (NCCL pads to the largest share); each rank receives
+  ``(C - 1) * M`` rows. Attention waits for it: its time is added to the step.
+- **prefix gather** (interleaved, interleaved-vblock): the cached prefix is spread over the ranks, so
+  each rank sends the prefix pages it stores (the batch's pages, each once) in a padded all-gather of
+  ``max_r pages_r * P`` rows per rank (SGLang 0.5.23 ``PageInterleaveKVPoolMixin``). SGLang runs it a
+  layer ahead on a side stream: it is priced and reported, not added to the step.
+- **remote reads** (owner-lane): rank ``r`` reads, through the rank-major view (C-LAYOUT), the rows of
+  other lanes its queries can see: for each request, ``V`` = the positions before the end of ``r``'s last
+  run there that live on another lane. The indexer scores every visible key (``V`` index keys); sparse
+  MLA reads each query's top-k latents, at most ``min(V, n_r * topk)`` distinct rows for ``n_r`` queries
+  (an upper bound: dense attention would read all ``V``). So ``V * 132 + min(V, n_r * topk) * 1152`` bytes
+  per layer, each counted once per step. The loads are issued by the attention kernel itself: priced
+  (``CommCost.remote_read_ms``, per rank) and reported, not added to the step (the measured attention
+  module is the step's attention time).
+
+Prices come from the run's cost model: the measured NCCL tables (``cost.comm``) when it has them, else
+``ILLUSTRATIVE_COMM``, a latency and a bandwidth that are not a GPU's (for tests and the illustrative
+model). Decode steps are not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ...cost.comm import CommCost
+from ...plan import BatchPlan
+from ...runs import indptr
+
+_I64 = np.int64
+
+LATENT_BYTES = 576 * 2
+"""Bytes of one token's MLA latent row in one layer (512 + 64 rope, bf16)."""
+INDEX_KEY_BYTES = 128 + 4
+"""Bytes of one token's index key in one layer (128 fp8 values and one fp32 scale)."""
+NUM_LAYERS = 61
+"""DeepSeek-V3.2's layers (the measured tables' ``num_layers`` replace it when they price the run)."""
+INDEX_TOPK = 2048
+"""Keys the sparse attention selects per query (DeepSeek-V3.2; the measured tables' ``index_topk``)."""
+
+ILLUSTRATIVE_LATENCY_MS = 0.01
+ILLUSTRATIVE_GB_PER_S = 100.0
+"""The illustrative link: a collective over G ranks whose whole buffer is ``b`` bytes takes
+``ILLUSTRATIVE_LATENCY_MS + b * (G - 1) / G / ILLUSTRATIVE_GB_PER_S`` (not a GPU's figures)."""
+
+
+def _illustrative_sample(op: str, num_gpus: int, elements: np.ndarray) -> np.ndarray:
+    share = (num_gpus - 1) / num_gpus
+    return ILLUSTRATIVE_LATENCY_MS + elements * 2.0 * share / (ILLUSTRATIVE_GB_PER_S * 1e6)
+
+
+def illustrative_comm() -> CommCost:
+    """A ``CommCost`` on the illustrative link (``ILLUSTRATIVE_LATENCY_MS``, ``ILLUSTRATIVE_GB_PER_S``)."""
+    return CommCost(_illustrative_sample)
+
+
+class KVTraffic:
+    """Prices and totals of one replay's KV traffic (see the module docstring).
+
+    Args:
+        cost: the run's ``StepCost``; its ``comm`` and ``tables`` (the measured model) price the traffic,
+            else the illustrative link and DeepSeek-V3.2's sizes do.
+        cp_size: ranks (C).
+
+    Attributes (totals over the replay's prefill steps):
+        allgather_bytes: bytes each rank received in KV all-gathers (extend and prefix).
+        read_bytes: int64 ``[C]`` bytes each rank read from other lanes.
+        comm_ms: sum over steps of the slowest rank's priced KV traffic, ms.
+        exposed_ms: the part of it added to the steps (the extend all-gathers), ms.
+    """
+
+    def __init__(self, cost, cp_size: int) -> None:
+        tables = getattr(cost, "tables", None)
+        self.comm: CommCost = getattr(cost, "comm", None) or illustrative_comm()
+        self.layers = int(getattr(tables, "num_layers", NUM_LAYERS))
+        self.row_bytes = int(getattr(tables, "kv_row_bytes", LATENT_BYTES + INDEX_KEY_BYTES))
+        self.topk = int(getattr(tables, "index_topk", INDEX_TOPK))
+        self.latent_bytes = self.row_bytes - INDEX_KEY_BYTES  # 1,152 for DeepSeek-V3.2
+        self.cp_size = cp_size
+        self.measured = tables is not None
+        self.allgather_bytes = 0
+        self.read_bytes = np.zeros(cp_size, dtype=_I64)
+        self.comm_ms = 0.0
+        self.exposed_ms = 0.0
+
+    def allgather_ms(self, rows_per_rank: int) -> float:
+        """All layers' all-gathers of ``rows_per_rank`` KV rows per rank, ms (``MeasuredCost.kv_allgather_ms``)."""
+        return self.layers * float(self.comm.allgather_ms(rows_per_rank * self.row_bytes, self.cp_size))
+
+    def add_allgathers(self, extend_rows: int, prefix_rows: int = 0) -> float:
+        """Count one step's all-gathers (``extend_rows`` and ``prefix_rows`` rows per rank); the extend's ms,
+        which the step waits for."""
+        C = self.cp_size
+        self.allgather_bytes += (C - 1) * (extend_rows + prefix_rows) * self.row_bytes * self.layers
+        serial = self.allgather_ms(extend_rows) if extend_rows else 0.0
+        self.exposed_ms += serial
+        self.comm_ms += serial + (self.allgather_ms(prefix_rows) if prefix_rows else 0.0)
+        return serial
+
+    def add_reads(self, layer_bytes: np.ndarray) -> None:
+        """Count one step's remote reads: ``layer_bytes`` int64 ``[C]`` bytes each rank reads per layer."""
+        self.read_bytes += layer_bytes * self.layers
+        if layer_bytes.any():
+            ms = self.layers * np.asarray(self.comm.remote_read_ms(layer_bytes.astype(np.float64), self.cp_size))
+            self.comm_ms += float(ms.max())
+
+    def read_layer_bytes(self, visible: np.ndarray, queries: np.ndarray) -> np.ndarray:
+        """Bytes per layer of ``visible`` remote keys read for ``queries`` queries (int64 arrays of one shape):
+        ``V * 132 + min(V, n * topk) * 1152`` elementwise (the latent: the row less its index key)."""
+        return visible * INDEX_KEY_BYTES + np.minimum(visible, queries * self.topk) * self.latent_bytes
+
+    def provenance(self) -> dict:
+        """How the traffic is priced, for the report."""
+        link = ("the measured NCCL tables" if self.measured else
+                f"illustrative link: {ILLUSTRATIVE_LATENCY_MS} ms + bytes at {ILLUSTRATIVE_GB_PER_S} GB/s")  # fmt: skip
+        return {"kv_row_bytes": self.row_bytes, "num_layers": self.layers, "index_topk": self.topk, "comm": link}
+
+
+def position_page_lanes(rows: Sequence[np.ndarray], plan: BatchPlan, out: np.ndarray, page_size: int,
+                        lanes: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Storage lane of every position-page of each request of a step, after its allocation, concatenated in
+    request order: ``(lanes, indptr)``, int64 ``[sum k_i]`` and ``[B + 1]``, ``k_i = ceil((L0 + E) / P)``.
+
+    ``rows``: each request's ``req_to_token`` row (slots of its prefix positions); ``out``: the step's
+    ``out_cache_loc`` (slots of the extend, request order). Slots are page aligned, so position-page j's
+    lane is the lane of the slot of its first position ``j * P`` (a prefix slot, else an extend slot).
+    """
+    P, L0, ind = page_size, plan.prefix_lens.tolist(), plan.extend_indptr.tolist()
+    parts = []
+    for i, row in enumerate(rows):
+        parts.append(row[0 : L0[i] : P])
+        parts.append(out[ind[i] + (-L0[i] % P) : ind[i + 1] : P])  # the first new page's first slot onwards
+    pages = np.concatenate(parts) if parts else np.zeros(0, dtype=_I64)
+    k = -(-(plan.prefix_lens + plan.extend_lens) // P)
+    return pages // P % lanes, indptr(k)
+
+
+def owner_lane_reads(rows: Sequence[np.ndarray], plan: BatchPlan, out: np.ndarray, traffic: KVTraffic) -> None:
+    """Count owner-lane's remote reads of one prefill step (module docstring): for each request and each
+    rank that computes some of it, the positions before the end of that rank's last run there whose page
+    lives on another lane. ``rows``, ``out``: as ``position_page_lanes``; ``plan``: the step's plan."""
+    C, P, B = plan.config.cp_size, plan.config.page_size, plan.num_requests
+    runs = plan.token_runs
+    if C == 1 or runs.length.shape[0] == 0:
+        return
+    flat_start = np.add.accumulate(runs.length) - runs.length
+    end = plan.prefix_lens[runs.req] + (flat_start - plan.extend_indptr[runs.req]) + runs.length  # [R]
+    b = np.zeros(B * C, dtype=_I64)
+    np.maximum.at(b, runs.req * C + runs.owner, end)  # end of each (request, rank)'s last run
+    n = plan.per_request_rank_tokens.reshape(-1)  # [B * C] queries of each (request, rank)
+    pair = np.flatnonzero(n)  # the (request, rank) pairs that compute
+    req, rank, ends = pair // C, pair % C, b[pair]
+    lanes, ptr = position_page_lanes(rows, plan, out, P, C)
+    onehot = np.zeros((C, lanes.shape[0] + 1), dtype=_I64)  # [C, pages + 1]: pages of each lane before g
+    onehot[lanes, np.arange(1, lanes.shape[0] + 1)] = 1
+    before = np.cumsum(onehot, axis=1)
+    full, part = ends // P, ends % P  # pages wholly before each end, and the tokens of the next
+    base = ptr[req]
+    local = (before[rank, base + full] - before[rank, base]) * P
+    tail = np.minimum(base + full, max(lanes.shape[0] - 1, 0))  # the partly covered page (valid where part > 0)
+    local += np.where((part > 0) & (lanes[tail] == rank), part, 0)
+    layer = traffic.read_layer_bytes(ends - local, n[pair])
+    traffic.add_reads(np.bincount(rank, weights=layer, minlength=C).astype(_I64))
+
+
+def prefix_gather_rows(rows: Sequence[np.ndarray], plan: BatchPlan, storage_page: int, physical) -> int:
+    """Rows per rank of the padded prefix all-gather of an interleaved step: ``max_r`` (the batch's distinct
+    prefix pages stored on rank r) ``* P``. ``rows``: each request's ``req_to_token`` row; ``storage_page``:
+    tokens per storage page; ``physical(units, j)``: one key per physical page, ``key % C`` its rank, for
+    position-pages ``j`` (int64) whose first slots lie in storage pages ``units``."""
+    P, C, keys = plan.config.page_size, plan.config.cp_size, []
+    for i, row in enumerate(rows):
+        pre = int(plan.prefix_lens[i])
+        if pre:
+            keys.append(physical(row[0:pre:P] // storage_page, np.arange(-(-pre // P), dtype=_I64)))
+    if not keys:
+        return 0
+    uniq = np.unique(np.concatenate(keys))
+    return int(np.bincount(uniq % C, minlength=C).max()) * P
