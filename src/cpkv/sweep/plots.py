@@ -49,6 +49,7 @@ def pareto_png(rows: Sequence[dict], varied: Sequence[str], target, title: str) 
         for r, x, y in zip(members, xs, ys, strict=True):
             ax.plot(x, y, "o" if meets(r, None) else "x", color=color, ms=6)
         ax.plot([], [], "o-", color=color, label=_label(design))
+    ax.plot([], [], "x", color="grey", label="x: left requests unserved (rejected or livelock)")
     front = pareto_front(rows)
     if front:
         fx, fy = [r["gpus"] for r in front], [r["ttft_ms_p99"] / 1000 for r in front]
@@ -58,11 +59,13 @@ def pareto_png(rows: Sequence[dict], varied: Sequence[str], target, title: str) 
     bound = [v for m, op, v in (target.conditions if target else ()) if m == "ttft_ms_p99" and op in ("<", "<=")]
     if bound:
         ax.axhline(min(bound) / 1000, color="tab:red", ls="--", lw=1.2, label=f"target: ttft_ms_p99 <= {min(bound):g}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
     gpus = sorted({r["gpus"] for rs in by.values() for r in rs})
     if gpus:
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xticks(gpus, [str(g) for g in gpus])
+    else:
+        ax.text(0.5, 0.5, "no point finished a request", ha="center", transform=ax.transAxes)
     ax.set_xlabel("GPUs (cp_size x groups)")
     ax.set_ylabel("TTFT p99 (s, simulated)")
     ax.set_title(title, fontsize=10, loc="left")
@@ -95,11 +98,29 @@ def hit_rate_png(rows: Sequence[dict], varied: Sequence[str], title: str) -> byt
             members.sort(key=lambda r: r["_kv_tokens_per_gpu"])
             ax.plot([r["_kv_tokens_per_gpu"] for r in members], [r["cache_hit_rate"] for r in members], "o-",
                     color=color, label=label if first else None)  # fmt: skip
-        ax.set_xscale("log", base=2)
+        if by:
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(_tokens_formatter())
+        else:
+            ax.text(0.5, 0.5, "no point ran", ha="center", transform=ax.transAxes)
         ax.set_title(f"groups = {g}", fontsize=9)
         ax.set_xlabel("KV cache per GPU (tokens)")
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("prefix-cache hit rate (hit / prompt tokens)")
     fig.suptitle(title, fontsize=10, x=0.01, ha="left")
-    fig.legend(fontsize=7, loc="outside right center", frameon=False)
+    if labels:
+        fig.legend(fontsize=7, loc="outside right center", frameon=False)
     return _png(fig)
+
+
+def _tokens_formatter():
+    """Tick labels in tokens: ``512``, ``64k``, ``1M``."""
+    from matplotlib.ticker import FuncFormatter
+
+    def text(x: float, _pos) -> str:
+        for div, unit in ((2**20, "M"), (2**10, "k")):
+            if x >= div:
+                return f"{x / div:g}{unit}"
+        return f"{x:g}"
+
+    return FuncFormatter(text)

@@ -100,7 +100,9 @@ def designs(rows: Sequence[dict], varied: Sequence[str], target) -> list[dict]:
     return out
 
 
-SUMMARY_METRICS = ("groups", "gpus", "ttft_ms_p50", "ttft_ms_p99", "cache_hit_rate", "compute_imbalance")
+SUMMARY_METRICS = ("groups", "gpus", "requests_finished", "requests_total", "ttft_ms_p50", "ttft_ms_p99",
+                   "cache_hit_rate", "compute_imbalance")  # fmt: skip
+"""The chosen point's columns in the designs table (the console joins the two request counts as ``served``)."""
 
 
 def summary_csv(table: list[dict], varied: Sequence[str]) -> str:
@@ -143,12 +145,14 @@ def print_summary(table: list[dict], varied: Sequence[str], title: str, target, 
     for k in keys:
         out.add_column(k, no_wrap=True)
     out.add_column("fits" if target is not None else "serves all", justify="center")
-    for m in SUMMARY_METRICS:
+    shown = [m for m in SUMMARY_METRICS if m not in ("requests_finished", "requests_total", "compute_imbalance")]
+    for m in ("served", *shown):
         out.add_column(m, justify="right")
     for d in table[:SUMMARY_SHOWN]:
         row = d["row"] or {}
-        cells = [str(d[k]) for k in keys] + ["yes" if d["fits"] else "no"]
-        out.add_row(*cells, *(format_value(m, row.get(m)) for m in SUMMARY_METRICS))
+        served = f"{row['requests_finished']:,}/{row['requests_total']:,}" if row else "-"
+        cells = [str(d[k]) for k in keys] + ["yes" if d["fits"] else "no", served]
+        out.add_row(*cells, *(format_value(m, row.get(m)) for m in shown))
     console.print(out)
     if len(table) > SUMMARY_SHOWN:
         console.print(f"... {len(table) - SUMMARY_SHOWN} more designs in summary.csv")

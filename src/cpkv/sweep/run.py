@@ -166,11 +166,18 @@ def _fill(plan: SweepPlan, records: dict, lost: dict) -> list[dict]:
 
 
 def _title(grid: Grid, plan: SweepPlan) -> str:
+    """E.g. ``cpkv sweep g.toml: Mooncake trace t.jsonl, 2,000 requests, 48 points | times: measured ...``."""
     from ..sim.runner import cost_line
 
-    lines = {cost_line(p) for p in plan.provenances}
+    several = len(plan.provenances) > 1  # e.g. one per cp_size: their EP widths differ
+    lines = {cost_line({**p, "ep_size": "= cp_size" if p.get("ep_size") == p.get("cp_size") else "per point"}
+                       if several else p) for p in plan.provenances}  # fmt: skip
     cost = lines.pop() if len(lines) == 1 else "times: several cost models"
-    workloads = "; ".join(s.description for s in plan.workloads.values())
+    trace = grid.workload["trace"]
+    workloads = "; ".join(
+        f"{s.description.replace(str(trace), trace.name) if trace else s.description}, {len(s.requests):,} requests"
+        for s in plan.workloads.values()
+    )
     return f"cpkv sweep {grid.path.name}: {workloads}, {len(plan.rows)} points | {cost}"
 
 
