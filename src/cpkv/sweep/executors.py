@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
 from ..cli.options import InputError
 from .point import PointTask, one_line, run_task
@@ -48,7 +49,7 @@ def _run(task: PointTask) -> dict:
 
 
 def run_local(tasks: Sequence[PointTask], workloads: dict, workers: int | None, on_result: OnResult) -> None:
-    """Replay ``tasks`` on ``workers`` spawned processes (default ``os.cpu_count()``, at most one per task).
+    """Replay ``tasks`` on ``workers`` spawned processes (default ``cpu_count()``, at most one per task).
 
     ``spawn`` (not ``fork``): the driver runs a progress thread, and a forked child of a threaded process
     may inherit a held lock. Raises KeyboardInterrupt after stopping the workers.
@@ -60,10 +61,11 @@ def run_local(tasks: Sequence[PointTask], workloads: dict, workers: int | None, 
         return
     ctx = multiprocessing.get_context("spawn")
     before = {p.pid for p in multiprocessing.active_children()}
-    pool = ProcessPoolExecutor(max_workers=max(1, min(workers or os.cpu_count() or 1, len(tasks))), mp_context=ctx,
+    pool = ProcessPoolExecutor(max_workers=max(1, min(workers or cpu_count(), len(tasks))), mp_context=ctx,
                                initializer=_init_worker, initargs=(workloads,))  # fmt: skip
     try:
-        futures = {pool.submit(_run, t): t for t in tasks}
+        with _sigint_ignored():  # the workers start (at the first submit) ignoring a terminal's Ctrl-C
+            futures = {pool.submit(_run, t): t for t in tasks}
         for future in as_completed(futures):
             task = futures[future]
             try:
@@ -78,6 +80,27 @@ def run_local(tasks: Sequence[PointTask], workloads: dict, workers: int | None, 
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
+
+
+def cpu_count() -> int:
+    """The cores this process may run on (its affinity), else ``os.cpu_count()``."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@contextmanager
+def _sigint_ignored():
+    """SIGINT ignored for the block (main thread only): processes started inside inherit the ignored
+    disposition through exec, so a Ctrl-C at the terminal, sent to the whole process group, reaches only
+    the driver, which stops them, instead of printing a traceback from each one still importing."""
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: nothing to do
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 # ------------------------------------------------------------------------------------------------- ray
@@ -105,7 +128,7 @@ def run_ray(tasks: Sequence[PointTask], workloads: dict, workers: int | None, ad
             on_result: OnResult) -> None:  # fmt: skip
     """Replay ``tasks`` on Ray actors, one CPU each: ``workers`` of them (default: the cluster's CPUs, at
     most one per task). ``address``: an existing cluster (``ray start --head`` prints it; ``auto`` finds
-    one on this machine); None starts a local Ray of ``workers`` (default ``os.cpu_count()``) CPUs, shut
+    one on this machine); None starts a local Ray of ``workers`` (default ``cpu_count()``) CPUs, shut
     down at the end. The cluster's nodes need this cpkv installed (the results name each worker's
     version). Raises KeyboardInterrupt after stopping the actors.
     """
@@ -114,7 +137,7 @@ def run_ray(tasks: Sequence[PointTask], workloads: dict, workers: int | None, ad
     ray = import_ray()
     started = not ray.is_initialized()
     if started:
-        local = {} if address else {"num_cpus": workers or os.cpu_count() or 1,
+        local = {} if address else {"num_cpus": workers or cpu_count(),
                                     "object_store_memory": RAY_OBJECT_STORE_BYTES}  # fmt: skip
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                  configure_logging=True, **local)  # fmt: skip

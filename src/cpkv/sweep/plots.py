@@ -61,14 +61,18 @@ def pareto_png(rows: Sequence[dict], varied: Sequence[str], target, title: str) 
         ax.axhline(min(bound) / 1000, color="tab:red", ls="--", lw=1.2, label=f"target: ttft_ms_p99 <= {min(bound):g}")
     gpus = sorted({r["gpus"] for rs in by.values() for r in rs})
     if gpus:
+        from matplotlib.ticker import FuncFormatter
+
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(gpus, [str(g) for g in gpus])
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: f"{y:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _pos: f"{y:g}" if f"{y:.1g}"[0] in "25" else ""))
     else:
         ax.text(0.5, 0.5, "no point finished a request", ha="center", transform=ax.transAxes)
     ax.set_xlabel("GPUs (cp_size x groups)")
     ax.set_ylabel("TTFT p99 (s, simulated)")
-    ax.set_title(title, fontsize=10, loc="left")
+    ax.set_title(title.replace(" | ", "\n"), fontsize=10, loc="left")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     return _png(fig)
@@ -107,7 +111,7 @@ def hit_rate_png(rows: Sequence[dict], varied: Sequence[str], title: str) -> byt
         ax.set_xlabel("KV cache per GPU (tokens)")
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("prefix-cache hit rate (hit / prompt tokens)")
-    fig.suptitle(title, fontsize=10, x=0.01, ha="left")
+    fig.suptitle(title.replace(" | ", "\n"), fontsize=10, x=0.01, ha="left")
     if labels:
         fig.legend(fontsize=7, loc="outside right center", frameon=False)
     return _png(fig)

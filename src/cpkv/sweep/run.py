@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..sim.report import prepare_out_dir, write_atomic
+from ..sim.report import ReportWriteError, prepare_out_dir, write_atomic
 from .columns import TIMING_FIELDS
 from .executors import run_local, run_ray
 from .grid import Grid
@@ -85,10 +85,12 @@ def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | 
                rp.TextColumn("elapsed"), rp.TimeElapsedColumn())  # fmt: skip
     done = [r for r in plan.rows if r["status"] == "failed" or r["key"] in records]
     failed = sum(1 for r in done if r["status"] == "failed" or records[r["key"]]["status"] != "ok")
-    per_key: dict[str, int] = {}
+    per_key: dict[str, int] = {}  # rows per key (points of one config replay once)
+    first_row: dict[str, dict] = {}
     for r in plan.rows:
         if r["key"] is not None:
             per_key[r["key"]] = per_key.get(r["key"], 0) + 1
+            first_row.setdefault(r["key"], r)
     lost: dict[str, dict] = {}
     status = "complete"
     try:
@@ -103,8 +105,12 @@ def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | 
                 if result["status"] == "lost":
                     lost[task.key] = result
                 else:
-                    record = _record(task, result, plan)
-                    write_atomic(points_dir / f"{task.key}.json", json.dumps(record, indent=1, default=str).encode())
+                    record = _record(task, result, first_row[task.key])
+                    path = points_dir / f"{task.key}.json"
+                    try:
+                        write_atomic(path, json.dumps(record, indent=1, default=str).encode())
+                    except OSError as e:  # the points stored so far stay; the executor stops the workers
+                        raise ReportWriteError(path, e.strerror or str(e)) from None
                     records[task.key] = record
                 failed += per_key[task.key] * (result["status"] != "ok")
                 bar.update(job, advance=per_key[task.key], failed=failed)
@@ -142,9 +148,8 @@ def _load(path: Path, key: str) -> dict | None:
     return record if ok else None
 
 
-def _record(task, result: dict, plan: SweepPlan) -> dict:
+def _record(task, result: dict, row: dict) -> dict:
     """What ``points/<key>.json`` holds: the point's whole config, its cost provenance and its result."""
-    row = next(r for r in plan.rows if r["key"] == task.key)
     return {"key": task.key, "cpkv_version": CPKV_VERSION, "workload_digest": task.workload,
             "policy": task.policy, "groups": task.groups, "routing": task.routing,
             "sim_config": row["_sim_config"], "cost_provenance": row["_provenance"], **result}  # fmt: skip
@@ -182,7 +187,6 @@ def _title(grid: Grid, plan: SweepPlan) -> str:
 
 
 def _write(out_dir: Path, grid: Grid, plan: SweepPlan, rows: list[dict], records: list, status: str) -> tuple:
-    from ..sim.report import ReportWriteError
     from ..sim.workload import workload_stats
     from .plots import hit_rate_png, pareto_png
 

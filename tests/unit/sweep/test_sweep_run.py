@@ -161,6 +161,7 @@ def test_every_point_failing_is_an_error(tmp_path, capsys):
     assert err.count("\n") == 1 and "no point of" in err and "ConfigError: pages_per_lane" in err
 
 
+@pytest.mark.clause("C-COST")  # results compare only when their cost provenance agrees: it is in the key
 def test_the_key_names_the_whole_config():
     cfg = SimConfig(cp_size=4, page_size=16)
     prov = {"cost_model": "illustrative"}
