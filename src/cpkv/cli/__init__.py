@@ -1,6 +1,7 @@
 """The ``cpkv`` command line: ``plan`` (owner plans, ``plan.py``), ``simulate`` (trace replay,
-``simulate.py``), ``sweep`` (a grid of simulate settings, ``sweep.py``), ``run-dist`` (the executor's, ``executor/cli_entry.py``, loaded on first use); the
-options they share are in ``options.py``. ``main`` is the console entry point."""
+``simulate.py``), ``sweep`` (a grid of simulate settings, ``sweep.py``), ``run-dist`` (the executor's,
+``executor/cli_entry.py``, loaded on first use); the options they share are in ``options.py``. ``main``
+is the console entry point."""
 
 from __future__ import annotations
 

@@ -95,10 +95,11 @@ class Grid:
         """Every combination of the axes not matched by an ``[[exclude]]`` rule, in file order (the last key
         varies fastest): each ``{grid key: (converted value, value as written)}``."""
         keys = list(self.axes)
+        defaults = {k: (_default(k),) for rule in self.excludes for k in rule if k not in self.axes}
         out = []
         for idx in itertools.product(*(range(len(self.axes[k])) for k in keys)):
             point = {k: (self.axes[k][i], self.given[k][i]) for k, i in zip(keys, idx, strict=True)}
-            if not any(all(point.get(k, (_default(k),))[0] in vals for k, vals in rule.items())
+            if not any(all(point.get(k, defaults.get(k))[0] in vals for k, vals in rule.items())
                        for rule in self.excludes):  # fmt: skip
                 out.append(point)
         return out
@@ -134,13 +135,9 @@ def read_grid(path: Path) -> Grid:
         raise GridError(f"{where} [grid] is missing or empty: give lists of settings to sweep, e.g. cp_size = [4, 8]")
     axes, given = {}, {}
     for key, raw in grid.items():
-        values = raw if isinstance(raw, list) else [raw]
+        values, converted = _values(key, raw, f"{where} [grid] {key}")
         if not values:
             raise GridError(f"{where} [grid] {key} is an empty list")
-        converted = [convert(key, v, f"{where} [grid] {key}") for v in values]
-        if key == "policy":  # "all" is every policy, as for --policy
-            pairs = [(p, p) for c, v in zip(converted, values, strict=True) for p in (OWNER_POLICIES if c == "all" else [c])]
-            converted, values = [c for c, _ in pairs], [v for _, v in pairs]
         dup = next((v for i, v in enumerate(converted) if v in converted[:i]), None)
         if dup is not None:
             raise GridError(f"{where} [grid] {key} lists {dup!r} twice")
@@ -154,13 +151,22 @@ def read_grid(path: Path) -> Grid:
     for n, rule in enumerate(raw_rules, 1):
         if not rule:
             raise GridError(f"{where} [[exclude]] #{n} is empty (it would exclude every point)")
-        excludes.append({k: tuple(convert(k, v, f"{where} [[exclude]] #{n} {k}")
-                                  for v in (rule[k] if isinstance(rule[k], list) else [rule[k]]))
-                         for k in rule})  # fmt: skip
+        excludes.append({k: tuple(_values(k, rule[k], f"{where} [[exclude]] #{n} {k}")[1]) for k in rule})
     parsed = Grid(Path(path), text, workload, axes, given, tuple(excludes), _target(doc.get("target"), where))
     if not parsed.points():
         raise GridError(f"{where} the [[exclude]] rules exclude every point of the grid")
     return parsed
+
+
+def _values(key: str, raw: object, where: str) -> tuple[list, list]:
+    """``(as written, converted)`` values of ``key`` (a TOML scalar is one value); ``policy = "all"`` is
+    every policy, as for ``--policy``."""
+    written = raw if isinstance(raw, list) else [raw]
+    pairs = []
+    for value in written:
+        c = convert(key, value, where)
+        pairs += [(p, p) for p in OWNER_POLICIES] if key == "policy" and c == "all" else [(value, c)]
+    return [w for w, _ in pairs], [c for _, c in pairs]
 
 
 def grid_keys() -> list[str]:
