@@ -42,6 +42,10 @@ def sweep(grid_file, out_dir, executor, workers, ray_address, retry_failed, no_p
         raise InputError("--ray-address needs --executor ray")
     grid = read_grid(grid_file)
     check_out_dir(out_dir, OUTPUT_FILES)
+    if executor == "ray":
+        from ..sweep.executors import import_ray
+
+        import_ray()  # before any work: InputError naming the extra
     try:
         outcome = run_sweep(grid, out_dir, executor=executor, workers=workers, ray_address=ray_address,
                             progress=not no_progress, retry_failed=retry_failed)  # fmt: skip

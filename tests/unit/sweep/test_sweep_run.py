@@ -188,3 +188,11 @@ def test_points_with_one_config_replay_once(tmp_path):
     assert len(plan.rows) == 32 and len(plan.tasks) == 8 * 3
     one = [r for r in plan.rows if r["groups"] == 1]
     assert len({r["key"] for r in one}) == len(one) // 2
+
+
+def test_ray_missing_is_one_error_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    assert _sweep(_grid(tmp_path), tmp_path / "out", "--executor", "ray") == 2
+    err = capsys.readouterr().err
+    assert err == "cpkv: error: --executor ray needs Ray: pip install 'cpkv[ray]' (or use --executor local)\n"
+    assert not (tmp_path / "out").exists()  # before any work
