@@ -74,6 +74,7 @@ def simulate(**options) -> None:
     out_dir, no_progress = options.pop("out_dir"), options.pop("no_progress")
     check_workload_options(options)
     check_out_dir(out_dir)
+    measured_spec(*(options[k] for k in COST_OPTIONS))  # a flag the cost model refuses fails before the trace is read
     spec = workload_of(options)
     config = config_of(options, spec)
     hint = small_page_hint(config.page_size, min(config.lane_capacities))
