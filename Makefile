@@ -4,7 +4,8 @@
 # the SGLang 0.5.9 differential tests in .venv-sglang059 (0.5.9 over .venv-sglang's packages).
 # `make test-quick` is the edit loop: unit tests without the ones marked slow or distributed (CI
 # runs `make test`, everything). `make test` sets CPKV_REQUIRE_COST=1: a missing aiconfigurator (the `cost`
-# extra) fails the measured cost model's tests instead of skipping them.
+# extra) fails the measured cost model's tests instead of skipping them; CPKV_REQUIRE_RAY=1 does the same
+# for Ray (the `ray` extra) and the `cpkv sweep --executor ray` test.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -32,8 +33,8 @@ $(BIN)/cpkv: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	@echo "Installing $(TORCH_SPEC), the longest step (a few minutes):"
 	$(BIN)/pip install --progress-bar on $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	@echo "Installing cpkv with the dev, gpu and cost extras ($(or $(TRITON_SPEC),triton): a 290 MB wheel; aiconfigurator with pandas, pyarrow, scipy: 0.5 GB):"
-	$(BIN)/pip install -q -e ".[dev,gpu,cost]" $(if $(TRITON_SPEC),"$(TRITON_SPEC)")
+	@echo "Installing cpkv with the dev, gpu, cost and ray extras ($(or $(TRITON_SPEC),triton): a 290 MB wheel; aiconfigurator with pandas, pyarrow, scipy: 0.5 GB; ray: 80 MB):"
+	$(BIN)/pip install -q -e ".[dev,gpu,cost,ray]" $(if $(TRITON_SPEC),"$(TRITON_SPEC)")
 	touch $(BIN)/cpkv
 
 install: $(BIN)/cpkv
@@ -44,7 +45,7 @@ demo: install
 test: install
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/python -m cpkv.gov check $(if $(wildcard ../shared/design/SPEC.md),--spec ../shared/design/SPEC.md)
-	CPKV_REQUIRE_COST=1 $(BIN)/python -m pytest -q
+	CPKV_REQUIRE_COST=1 CPKV_REQUIRE_RAY=1 $(BIN)/python -m pytest -q
 
 $(SGLANG_BIN)/.installed: pyproject.toml $(SGLANG_REQS)
 	$(PYTHON) -m venv $(SGLANG_VENV)

@@ -1,6 +1,7 @@
 """The ``cpkv`` command line: ``plan`` (owner plans, ``plan.py``), ``simulate`` (trace replay,
-``simulate.py``), ``run-dist`` (the executor's, ``executor/cli_entry.py``, loaded on first use); the
-options they share are in ``options.py``. ``main`` is the console entry point."""
+``simulate.py``), ``sweep`` (a grid of simulate settings, ``sweep.py``), ``run-dist`` (the executor's,
+``executor/cli_entry.py``, loaded on first use); the options they share are in ``options.py``. ``main``
+is the console entry point."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import click
 
 from ..errors import CpkvError
-from . import plan, simulate
+from . import plan, simulate, sweep
 
 __all__ = ["app", "main"]
 
@@ -40,6 +41,7 @@ def app() -> None:
 
 app.add_command(plan.plan)
 app.add_command(simulate.simulate)
+app.add_command(sweep.sweep)
 
 
 def main(argv: list[str] | None = None) -> int:

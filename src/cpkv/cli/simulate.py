@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -60,10 +61,7 @@ from .options import FilePath, InputError, parse_pages_per_lane
 @click.option("--out", "out_dir", type=FilePath(), default=Path("out/simulate"),
               show_default=True, help="Directory for report.json, summary.csv, lanes.png.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per_lane, chunk_size,
-             max_batch_tokens, logits_budget_mb, colocated_decode, spec_draft_tokens, spec_accept_rate, policies,
-             kv_storage, cost_model, gpu, model, backend, ep_size, max_requests, seed, out_dir,
-             no_progress) -> None:  # fmt: skip
+def simulate(**options) -> None:
     """Replay traffic through one CP prefill group under each owner policy and KV storage design; write a
     side-by-side report.
 
@@ -78,32 +76,82 @@ def simulate(trace, workload, cp_size, page_size, pages_per_lane, host_pages_per
     from ..sim.config import check_designs, check_policies
     from ..sim.runner import SimulationInterrupted
     from ..sim.runner import simulate as run_simulation
-    from ..sim.workload import build_workload
-    from ..validate import check_int
 
-    if trace is not None and workload is not None:
-        raise InputError(f"give --trace or --workload, not both (got --workload {workload})")
-    name = "trace" if trace is not None else workload or "synthetic"
-    if max_requests is not None:
-        check_int("--max-requests", max_requests, 1)  # named as given (the workloads call it num_requests)
+    out_dir, no_progress = options.pop("out_dir"), options.pop("no_progress")
+    check_workload_options(options)
     check_out_dir(out_dir)
-    measured = measured_spec(cost_model, gpu, model, backend, ep_size)
-    spec = build_workload(name, num_requests=max_requests, seed=seed, trace_path=trace, page_size=page_size)
-    config = SimConfig.for_workload(
-        spec, cp_size=cp_size, page_size=page_size, pages_per_lane=pages_per_lane,
-        host_pages_per_lane=host_pages_per_lane, chunk_size=chunk_size, max_batch_tokens=max_batch_tokens,
-        logits_budget_mb=logits_budget_mb, colocated_decode=colocated_decode, seed=seed,
-        spec_draft_tokens=spec_draft_tokens, spec_accept_rate=spec_accept_rate, measured=measured,
-    )  # fmt: skip
+    measured_spec(*(options[k] for k in COST_OPTIONS))  # a flag the cost model refuses fails before the trace is read
+    spec = workload_of(options)
+    config = config_of(options, spec)
     hint = small_page_hint(config.page_size, min(config.lane_capacities))
     if hint:
         click.echo(f"cpkv: note: {hint}", err=True)
+    policies = check_policies(list(options["policies"]))
     try:
-        result = run_simulation(config, spec, check_policies(list(policies)), kv_storage=check_designs(list(kv_storage)),
+        result = run_simulation(config, spec, policies, kv_storage=check_designs(list(options[STORAGE_OPTION])),
                                 out_dir=out_dir, progress=not no_progress)  # fmt: skip
     except SimulationInterrupted as e:
         raise click.exceptions.Abort(interrupted_line(e, out_dir)) from None  # main prints it on one line
     click.echo(f"wrote {', '.join(str(p) for p in result.paths)}")
+
+
+# ------------------------------------------------------------ from options to a replay (simulate, sweep)
+REPORT_OPTIONS = ("out_dir", "no_progress")
+"""``simulate`` options that say where and how to report, not what to simulate."""
+WORKLOAD_OPTIONS = ("trace", "workload", "max_requests")
+"""``simulate`` options that choose the requests (``workload_of``; ``seed`` and ``page_size`` shape the
+generated ones too)."""
+COST_OPTIONS = ("cost_model", "gpu", "model", "backend", "ep_size")
+"""``simulate`` options that make ``SimConfig.measured`` (``measured_spec``)."""
+POLICY_OPTION = "policies"
+"""The ``--policy`` option (repeatable): which replays to run, not part of the ``SimConfig``."""
+STORAGE_OPTION = "kv_storage"
+"""The ``--kv-storage`` option (repeatable): which KV storage designs to replay, not part of the ``SimConfig``."""
+
+
+def setting_options() -> dict[str, click.Option]:
+    """The table of ``simulate``'s settings: ``{name: click option}`` for every option but the report's
+    (``REPORT_OPTIONS``), named by the option's long flag (``--cp-size`` -> ``cp_size``, ``--policy`` ->
+    ``policy``). ``cpkv sweep`` takes its grid keys from it, so a setting added here is a grid key."""
+    return {next(o for o in p.opts if o.startswith("--"))[2:].replace("-", "_"): p
+            for p in simulate.params if p.name not in REPORT_OPTIONS}  # fmt: skip
+
+
+def check_workload_options(options: dict) -> None:
+    """InputError for ``--trace`` with ``--workload``, or a ``--max-requests`` below 1."""
+    from ..validate import check_int
+
+    if options["trace"] is not None and options["workload"] is not None:
+        raise InputError(f"give --trace or --workload, not both (got --workload {options['workload']})")
+    if options["max_requests"] is not None:
+        check_int("--max-requests", options["max_requests"], 1)  # named as given (the workloads: num_requests)
+
+
+def workload_of(options: dict):
+    """The ``WorkloadSpec`` that ``options`` (``simulate``'s parameters by name) name: the trace, or the
+    built-in workload (default ``synthetic``), its first ``max_requests``.
+
+    Raises: InputError (``check_workload_options``), ConfigError, TraceError (``build_workload``)."""
+    from ..sim.workload import build_workload
+
+    check_workload_options(options)
+    trace = options["trace"]
+    name = "trace" if trace is not None else options["workload"] or "synthetic"
+    return build_workload(name, num_requests=options["max_requests"], seed=options["seed"], trace_path=trace,
+                          page_size=options["page_size"])  # fmt: skip
+
+
+def config_of(options: dict, spec) -> SimConfig:
+    """The ``SimConfig`` of ``options`` (``simulate``'s parameters by name) for the workload ``spec``:
+    every option named like a ``SimConfig`` field is passed as given (None: the workload's or the
+    default, ``SimConfig.for_workload``), the cost options make ``measured`` (``measured_spec``).
+
+    Raises: InputError (a measured-only flag with the illustrative model), ConfigError, CostModelError.
+    """
+    fields = {f.name for f in dataclasses.fields(SimConfig)}
+    settings = {k: v for k, v in options.items() if k in fields}
+    measured = measured_spec(*(options[k] for k in COST_OPTIONS))
+    return SimConfig.for_workload(spec, **settings, measured=measured)
 
 
 def measured_spec(cost_model: str, gpu, model, backend, ep_size):
@@ -149,8 +197,9 @@ def interrupted_line(e, out_dir: Path) -> str:
     return f"{head}; wrote the finished policies to {out_dir} (report.json status: interrupted)"
 
 
-def check_out_dir(out_dir: Path) -> None:
-    """Fail before any work when ``out_dir`` cannot receive the report files (InputError, exit 2).
+def check_out_dir(out_dir: Path, names: tuple[str, ...] | None = None) -> None:
+    """Fail before any work when ``out_dir`` cannot receive the files ``names`` (default: the report's,
+    ``sim.report.OUTPUT_FILES``) (InputError, exit 2).
 
     Creates nothing: an existing ``out_dir`` must be a writable directory whose report names are free of
     directories; a new one needs its nearest existing parent to be a writable directory.
@@ -162,6 +211,6 @@ def check_out_dir(out_dir: Path) -> None:
         raise InputError(f"--out {out_dir}: {existing} exists and is not a directory")
     if not os.access(existing, os.W_OK):
         raise InputError(f"--out {out_dir}: {existing} is not writable")
-    blocked = [name for name in (*OUTPUT_FILES, STORAGE_FIGURE) if (out_dir / name).is_dir()]
+    blocked = [name for name in ((*OUTPUT_FILES, STORAGE_FIGURE) if names is None else names) if (out_dir / name).is_dir()]
     if blocked:
         raise InputError(f"--out {out_dir}: {', '.join(blocked)} is a directory")

@@ -382,4 +382,5 @@ class PolicyRun:
     # --------------------------------------------------------------------------------------- results
     def _result(self, wall_s: float) -> PolicyResult:
         used = self.rec.used()
-        return PolicyResult(self.storage.label, policy_metrics(self, used, wall_s), self.rec.times(), used)
+        ttft = np.asarray(self.ttft_ms, dtype=np.float64)  # [finished requests], ms
+        return PolicyResult(self.storage.label, policy_metrics(self, used, wall_s), self.rec.times(), used, ttft)

@@ -70,13 +70,16 @@ class ReportWriteError(CpkvError):
 
 @dataclass
 class PolicyResult:
-    """One policy's replay: ``metrics`` (JSON-ready dict with at least ``REPORT_FIELDS``), and the lane
-    timeline for the plot: ``times_ms`` float ``[steps]`` and ``used`` int ``[steps, C]`` pages."""
+    """One policy's replay: ``metrics`` (JSON-ready dict with at least ``REPORT_FIELDS``), the lane
+    timeline for the plot: ``times_ms`` float ``[steps]`` and ``used`` int ``[steps, C]`` pages, and
+    ``ttft_ms`` float ``[finished requests]``, each finished request's TTFT in finishing order (``cpkv
+    sweep`` pools them over the groups of a point; None where the run did not keep them)."""
 
     policy: str
     metrics: dict
     times_ms: np.ndarray = field(repr=False)
     used: np.ndarray = field(repr=False)
+    ttft_ms: np.ndarray | None = field(default=None, repr=False)
 
 
 def prepare_out_dir(out_dir: Path) -> None:

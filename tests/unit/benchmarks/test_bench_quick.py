@@ -30,6 +30,7 @@ SCRIPTS = [
         "bench_costs.py", [], "aiconfigurator ms",
         marks=pytest.mark.skipif(not (cost_extra.INSTALLED or cost_extra.REQUIRED), reason="needs the cost extra"),
     ),
+    ("bench_sweep.py", [], "speed-up vs 1"),
     pytest.param(
         "bench_prefix_cache.py", [], "hit tokens",
         marks=pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),

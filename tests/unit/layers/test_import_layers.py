@@ -43,6 +43,7 @@ FLOORS = {
     "cpkv.cli.options": 9,  # options shared by the cpkv commands, run-dist's included
     "cpkv.executor": 10,  # the distributed reference (torch.distributed only here)
     "cpkv.cli": 11,  # the cpkv commands (run-dist is the executor's, loaded by name)
+    "cpkv.sweep": 11,  # cpkv sweep: a grid of cpkv simulate's settings (its options and config_of)
     "cpkv": 11,  # the package face: names load by importlib, never by an import statement
 }
 

@@ -14,8 +14,8 @@ import numpy as np
 from ...allocator import ExtendAllocation, OwnerLaneAllocator
 from ...cache import PrefixCache
 from ...config import CPConfig
-from ..reservation import stuck_alone
 from ..config import SimConfig
+from ..reservation import stuck_alone
 from .base import KVStorage
 from .traffic import owner_lane_reads
 

@@ -1,0 +1,59 @@
+"""``cpkv sweep``: replay a workload over a grid of ``cpkv simulate`` settings, on this machine's cores or a
+Ray cluster, resumably (``cpkv.sweep``; docs/sweep.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .options import FilePath
+
+
+@click.command()
+@click.argument("grid_file", metavar="GRID.toml", type=FilePath())
+@click.option("--out", "out_dir", type=FilePath(), default=Path("out/sweep"), show_default=True,
+              help="Directory for points/, results.csv, results.json, summary.csv, pareto.png, hit_rate.png.")  # fmt: skip
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: a process pool on this machine; ray: Ray actors (the `ray` extra).")  # fmt: skip
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes (local) or Ray actors [every core; ray: the cluster's CPUs].")  # fmt: skip
+@click.option("--ray-address", default=None,
+              help="An existing Ray cluster (ray start --head prints it; 'auto': the one on this machine) "
+                   "[--executor ray starts a local Ray].")  # fmt: skip
+@click.option("--retry-failed", is_flag=True, help="Replay points whose stored result failed.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def sweep(grid_file, out_dir, executor, workers, ray_address, retry_failed, no_progress) -> None:
+    """Replay one workload at every point of GRID.toml, a grid of `cpkv simulate` settings.
+
+    Each point is one `cpkv simulate` replay (one policy) of the grid's workload, split over `groups` CP
+    groups; its result is stored under OUT/points/ keyed by a hash of its whole config, so a re-run, or a
+    run after Ctrl-C, replays only the points not stored. A point that fails is recorded with its error.
+    Writes results.csv / results.json (a row per point), summary.csv (the fewest GPUs that meet the
+    grid's target, per design), pareto.png and hit_rate.png.
+    """
+    from ..sweep.grid import read_grid
+    from ..sweep.run import OUTPUT_FILES, SweepInterrupted
+    from ..sweep.run import sweep as run_sweep
+    from .options import InputError
+    from .simulate import check_out_dir
+
+    if ray_address is not None and executor != "ray":
+        raise InputError("--ray-address needs --executor ray")
+    grid = read_grid(grid_file)
+    check_out_dir(out_dir, OUTPUT_FILES)
+    if executor == "ray":
+        from ..sweep.executors import import_ray
+
+        import_ray()  # before any work: InputError naming the extra
+    try:
+        outcome = run_sweep(grid, out_dir, executor=executor, workers=workers, ray_address=ray_address,
+                            progress=not no_progress, retry_failed=retry_failed)  # fmt: skip
+    except SweepInterrupted as e:
+        raise click.exceptions.Abort(e.line) from None  # main prints it on one line, exit 130
+    ok = sum(1 for r in outcome.rows if r["status"] == "ok")
+    click.echo(f"{len(outcome.rows)} points: {outcome.replayed} replayed, {outcome.stored} stored earlier, "
+               f"{outcome.failed} failed, in {outcome.wall_s:.1f} s; wrote {', '.join(map(str, outcome.paths))}")  # fmt: skip
+    if not ok:
+        first = next((r["error"] for r in outcome.rows if r["error"]), "no point ran")
+        raise InputError(f"no point of {grid_file} ran; the first error: {first}")

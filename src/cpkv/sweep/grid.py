@@ -1,0 +1,273 @@
+"""The grid file of ``cpkv sweep`` (docs/sweep.md): a workload, lists of ``cpkv simulate`` settings,
+``[[exclude]]`` rules and a ``target``, expanded into points (one simulation each).
+
+The grid's keys are ``cpkv simulate``'s settings, taken from the command itself
+(``cli.simulate.setting_options``: ``--cp-size`` is ``cp_size``, ``--policy`` is ``policy``), plus the two
+the sweep adds (``SWEEP_KEYS``: ``groups``, ``routing``). Each value is converted by the option's own type
+and callback, exactly as the flag would be, so a setting added to ``cpkv simulate`` is a grid key.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from ..cli.options import InputError
+from ..cli.simulate import POLICY_OPTION, WORKLOAD_OPTIONS, setting_options, simulate
+from ..config import OWNER_POLICIES
+from .columns import TARGET_METRICS
+from .groups import ROUTINGS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+SWEEP_KEYS = {
+    "groups": "CP groups that share the workload (C x groups GPUs); default 1",
+    "routing": f"how requests go to the groups: {' | '.join(ROUTINGS)}; default {ROUTINGS[0]}",
+}
+"""Grid keys of the sweep itself (not ``cpkv simulate`` settings), with what they mean."""
+
+TOP_LEVEL = ("target", "workload", "grid", "exclude")
+"""The grid file's top-level keys and tables."""
+
+_OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq}
+_CONDITION = re.compile(r"^\s*([a-z][a-z0-9_]*)\s*(<=|>=|==|<|>)\s*([-+]?[0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*$")
+
+
+class GridError(InputError):
+    """A grid file that cannot be swept: unreadable, not TOML, an unknown key, a value the setting
+    refuses, an empty list, a bad target or exclude rule (``cpkv sweep`` exits 2 with this one line)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """``metric op number`` conditions, all of which a point must meet (``target = "ttft_ms_p99 <= 2000"``
+    or a list of such strings); ``text`` as written, joined by `` and ``."""
+
+    conditions: tuple[tuple[str, str, float], ...]
+
+    @property
+    def text(self) -> str:
+        return " and ".join(f"{m} {op} {v:g}" for m, op, v in self.conditions)
+
+    def holds(self, row: dict) -> bool:
+        """Whether ``row`` (a results row: metrics and ``gpus``) meets every condition; a missing (None)
+        metric meets none."""
+        return all(row.get(m) is not None and _OPS[op](row[m], v) for m, op, v in self.conditions)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A parsed grid.
+
+    Attributes:
+        path: the grid file. text: its contents.
+        workload: ``cpkv simulate``'s workload options by parameter name (``trace`` resolved against the
+            grid file's directory, ``workload``, ``max_requests``; None where not given).
+        axes: grid key -> its values (converted; a scalar in the file is one value), in file order.
+        given: grid key -> its values as written (for the tables), same order.
+        excludes: each ``[[exclude]]`` rule as grid key -> converted values it matches.
+        target: the ``Target``, or None.
+    """
+
+    path: Path
+    text: str
+    workload: dict
+    axes: dict[str, tuple]
+    given: dict[str, tuple]
+    excludes: tuple[dict[str, tuple], ...]
+    target: Target | None
+
+    @property
+    def varied(self) -> list[str]:
+        """Grid keys with more than one value, in file order."""
+        return [k for k, v in self.axes.items() if len(v) > 1]
+
+    def points(self) -> list[dict[str, tuple[object, object]]]:
+        """Every combination of the axes not matched by an ``[[exclude]]`` rule, in file order (the last key
+        varies fastest): each ``{grid key: (converted value, value as written)}``."""
+        keys = list(self.axes)
+        defaults = {k: (_default(k),) for rule in self.excludes for k in rule if k not in self.axes}
+        out = []
+        for idx in itertools.product(*(range(len(self.axes[k])) for k in keys)):
+            point = {k: (self.axes[k][i], self.given[k][i]) for k, i in zip(keys, idx, strict=True)}
+            if not any(all(point.get(k, defaults.get(k))[0] in vals for k, vals in rule.items())
+                       for rule in self.excludes):  # fmt: skip
+                out.append(point)
+        return out
+
+
+def _default(key: str) -> object:
+    """The value a grid key takes when the grid does not name it (``cpkv simulate``'s default)."""
+    if key == "groups":
+        return 1
+    if key == "routing":
+        return ROUTINGS[0]
+    option = setting_options()[key]
+    return option.get_default(click.Context(simulate))
+
+
+def read_grid(path: Path) -> Grid:
+    """Read and check the grid file ``path``; GridError (one line naming the file and key) otherwise."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GridError(f"cannot read grid {path}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise GridError(f"{path}: not a valid TOML file: {e}") from None
+    where = f"{path}:"
+    unknown = [k for k in doc if k not in TOP_LEVEL]
+    if unknown:
+        raise GridError(f"{where} unknown top-level key {unknown[0]!r}; a grid has {', '.join(TOP_LEVEL)}")
+    workload = _workload(doc.get("workload", {}), Path(path).parent, where)
+    grid = _table(doc.get("grid"), "[grid]", where)
+    if not grid:
+        raise GridError(f"{where} [grid] is missing or empty: give lists of settings to sweep, e.g. cp_size = [4, 8]")
+    axes, given = {}, {}
+    for key, raw in grid.items():
+        values, converted = _values(key, raw, f"{where} [grid] {key}")
+        if not values:
+            raise GridError(f"{where} [grid] {key} is an empty list")
+        dup = next((v for i, v in enumerate(converted) if v in converted[:i]), None)
+        if dup is not None:
+            raise GridError(f"{where} [grid] {key} lists {dup!r} twice")
+        axes[key], given[key] = tuple(converted), tuple(values)
+    if "policy" not in axes:  # as cpkv simulate: every policy
+        axes["policy"] = given["policy"] = OWNER_POLICIES
+    raw_rules = doc.get("exclude", [])
+    if not isinstance(raw_rules, list) or not all(isinstance(r, dict) for r in raw_rules):
+        raise GridError(f"{where} exclude must be [[exclude]] tables")
+    excludes = []
+    for n, rule in enumerate(raw_rules, 1):
+        if not rule:
+            raise GridError(f"{where} [[exclude]] #{n} is empty (it would exclude every point)")
+        excludes.append({k: tuple(_values(k, rule[k], f"{where} [[exclude]] #{n} {k}")[1]) for k in rule})
+    parsed = Grid(Path(path), text, workload, axes, given, tuple(excludes), _target(doc.get("target"), where))
+    if not parsed.points():
+        raise GridError(f"{where} the [[exclude]] rules exclude every point of the grid")
+    return parsed
+
+
+def _values(key: str, raw: object, where: str) -> tuple[list, list]:
+    """``(as written, converted)`` values of ``key`` (a TOML scalar is one value); ``policy = "all"`` is
+    every policy, as for ``--policy``."""
+    written = raw if isinstance(raw, list) else [raw]
+    pairs = []
+    for value in written:
+        c = convert(key, value, where)
+        pairs += [(p, p) for p in OWNER_POLICIES] if key == "policy" and c == "all" else [(value, c)]
+    return [w for w, _ in pairs], [c for _, c in pairs]
+
+
+def grid_keys() -> list[str]:
+    """Every key ``[grid]`` and ``[[exclude]]`` accept: ``cpkv simulate``'s settings, then ``SWEEP_KEYS``."""
+    return [k for k, o in setting_options().items() if o.name not in WORKLOAD_OPTIONS] + list(SWEEP_KEYS)
+
+
+def convert(key: str, value: object, where: str) -> object:
+    """``value`` (from TOML) of grid key ``key`` as ``cpkv simulate`` would take it: the option's type and
+    callback (``--pages-per-lane`` takes ``2048`` or ``"9,10,10,10"``; ``--policy`` one name or ``all``).
+    TOML's own types must match the option's: an integer setting refuses ``2.5`` and ``true``.
+
+    Raises:
+        GridError: an unknown key, a value of the wrong kind, or one the option refuses (naming ``where``).
+    """
+    if key == "groups":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise GridError(f"{where}: groups must be an integer >= 1, got {value!r}")
+        return value
+    if key == "routing":
+        if value not in ROUTINGS:
+            raise GridError(f"{where}: routing must be one of {', '.join(ROUTINGS)}, got {value!r}")
+        return value
+    options = setting_options()
+    option = options.get(key)
+    if option is None or option.name in WORKLOAD_OPTIONS:
+        hint = "; name the workload in [workload]" if option is not None else ""
+        raise GridError(f"{where}: unknown setting {key!r}{hint}; the grid takes {', '.join(grid_keys())}")
+    kind = option.type
+    ok = {
+        click.types.IntParamType: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        click.types.FloatParamType: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        click.types.BoolParamType: lambda v: isinstance(v, bool),
+    }.get(type(kind), lambda v: isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)))
+    if not ok(value):
+        raise GridError(f"{where}: {value!r} is not a valid {kind.name} for --{key.replace('_', '-')}")
+    if isinstance(kind, click.types.StringParamType) and not isinstance(value, str):
+        value = str(value)  # --pages-per-lane 2048
+    ctx = click.Context(simulate)
+    try:
+        converted = option.process_value(ctx, (value,) if option.multiple else value)
+    except click.BadParameter as e:
+        raise GridError(f"{where}: {e.message}") from None
+    if option.name == POLICY_OPTION:
+        return converted[0]
+    return converted
+
+
+def _workload(table: object, base: Path, where: str) -> dict:
+    table = _table(table, "[workload]", where) or {}
+    unknown = [k for k in table if k not in WORKLOAD_OPTIONS]
+    if unknown:
+        raise GridError(f"{where} [workload] takes {', '.join(WORKLOAD_OPTIONS)}, not {unknown[0]!r}")
+    if "trace" in table and "workload" in table:
+        raise GridError(f"{where} [workload] give trace or workload, not both")
+    options = setting_options()
+    out = {}
+    for key in WORKLOAD_OPTIONS:
+        value = table.get(key)
+        if value is None:
+            out[key] = None
+        elif key == "trace":
+            if not isinstance(value, str) or not value:
+                raise GridError(f"{where} [workload] trace must be a file path, got {value!r}")
+            out[key] = base / Path(value).expanduser() if not Path(value).expanduser().is_absolute() else Path(value)
+        else:
+            out[key] = _workload_value(options[key], value, f"{where} [workload] {key}")
+    return out
+
+
+def _workload_value(option: click.Option, value: object, where: str) -> object:
+    if isinstance(option.type, click.types.IntParamType):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise GridError(f"{where}: must be an integer >= 1, got {value!r}")
+        return value
+    try:
+        return option.process_value(click.Context(simulate), value)
+    except click.BadParameter as e:
+        raise GridError(f"{where}: {e.message}") from None
+
+
+def _table(value: object, name: str, where: str) -> dict | None:
+    if value is not None and not isinstance(value, dict):
+        raise GridError(f"{where} {name} must be a table")
+    return value
+
+
+def _target(value: object, where: str) -> Target | None:
+    if value is None:
+        return None
+    texts = value if isinstance(value, list) else [value]
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise GridError(f"{where} target must be a string like \"ttft_ms_p99 <= 2000\" or a list of them")
+    conditions = []
+    for text in texts:
+        m = _CONDITION.match(text)
+        if not m:
+            raise GridError(f"{where} target {text!r} is not 'metric op number' (op: {', '.join(_OPS)})")
+        metric, op, number = m.groups()
+        if metric not in TARGET_METRICS:
+            raise GridError(f"{where} target {text!r}: {metric!r} is not a numeric metric; use one of "
+                            f"{', '.join(TARGET_METRICS)}")  # fmt: skip
+        conditions.append((metric, op, float(number.replace("_", ""))))
+    return Target(tuple(conditions))

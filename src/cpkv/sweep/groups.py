@@ -1,0 +1,152 @@
+"""A deployment of N CP groups: the workload split over the groups, each group replayed on its own, and
+the groups' metrics combined into the point's (docs/sweep.md, "Groups").
+
+``cpkv simulate`` replays one CP group; a capacity planner asks how many groups a target needs. A point
+with ``groups = N`` routes every request to one group (``split``), replays each group's requests through
+``cpkv simulate``'s replay with the same ``SimConfig`` and policy, and combines the N reports by the rule
+of each metric (``RULES``): counts add up, TTFT percentiles are of every finished request of every group
+(pooled), ratios and peaks are the worst group's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..sim.metrics import percentile_ms
+
+ROUTINGS = ("round-robin", "prefix")
+"""``round-robin``: request i (in arrival order) goes to group ``i % N``. ``prefix``: by a hash of the
+prompt's first ``PREFIX_ROUTE_BLOCKS`` block ids, so requests that share them (the turns of one
+conversation) meet in one group's prefix cache."""
+
+PREFIX_ROUTE_BLOCKS = 2
+"""Block ids (512 tokens each) the ``prefix`` routing hashes: in the Mooncake trace every prompt starts
+with the same block (a shared system prompt), so one block would send every request to one group; the
+second block tells conversations apart (first 2,000 requests: 1,441 distinct first-two-block runs; at
+N = 4 the groups get 461 to 528 requests)."""
+
+_SUM, _MAX, _ANY, _SAME, _LANES_MAX, _LANES_SUM = "sum", "max", "any", "same", "lanes-max", "lanes-sum"
+RULES: dict[str, object] = {
+    **dict.fromkeys((
+        "requests_total", "requests_finished", "requests_rejected", "prefill_tokens", "cache_hit_tokens",
+        "owner_lane_exhausted", "load_back_owner_lane_capacity_failed", "evicted_pages", "retractions",
+        "logits_budget_cuts", "sim_wall_s", "steps", "leaked_pages", "load_back_pages", "host_backups",
+        "spec_verify_steps", "draft_pages_allocated", "draft_pages_released", "prefill_tokens_recomputed",
+        "kv_capacity_tokens",
+    ), _SUM),
+    **dict.fromkeys((
+        "lane_imbalance_peak", "lane_imbalance_mean", "compute_imbalance", "compute_imbalance_mean",
+        "mqa_logits_peak_elements", "sim_time_ms", "draft_lane_imbalance", "kv_allgather_bytes_per_rank",
+        "kv_remote_read_bytes_per_rank", "kv_comm_ms", "kv_comm_exposed_ms",
+    ), _MAX),
+    "livelock_detected": _ANY,
+    "logits_budget_elements": _SAME,
+    "kv_storage": _SAME,
+    "cache_hit_rate": ("ratio", "cache_hit_tokens", "prefill_tokens"),
+    "lane_pages_peak": _LANES_MAX,
+    "draft_pages_per_lane": _LANES_SUM,
+    "ttft_ms_p50": ("pooled", 50),
+    "ttft_ms_p99": ("pooled", 99),
+    "spec_accept_length": ("weighted", "spec_verify_steps"),
+    "spec_accepted_drafts_per_step": ("weighted", "spec_verify_steps"),
+    "rejection_reasons": "counts",
+    "rejections": "merged",
+    "livelock": "per-group",
+}  # fmt: skip
+"""How each metric of ``cpkv simulate``'s report combines over groups: ``sum``; ``max`` (the worst group;
+None where every group has None); ``any``; ``same`` (one value for all); ``lanes-max`` / ``lanes-sum``
+(per lane, over groups); ``("pooled", q)``: the q-th percentile of every group's finished requests'
+TTFTs; ``("weighted", n)``: the mean weighted by metric ``n``; ``counts``: dicts of counts added;
+``merged``: the dicts merged (request ids are the trace's, unique); ``per-group``: ``{group: value}`` of
+the groups where it is not None; ``("ratio", a, b)``: ``sum a / (sum a + sum b)`` over the groups (the
+hit rate: cache-hit tokens over hit + computed). A metric without a rule fails the point (``combine``)."""
+
+
+def split(requests: Sequence, groups: int, routing: str) -> list[tuple]:
+    """The requests of each of ``groups`` groups, each in arrival order (``ROUTINGS`` says how).
+
+    Returns ``groups`` tuples whose union is ``requests``; a group may be empty.
+    Raises ValueError: an unknown ``routing`` or ``groups < 1``.
+    """
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+    if routing == "round-robin":
+        return [tuple(requests[g::groups]) for g in range(groups)]
+    out: list[list] = [[] for _ in range(groups)]
+    for r in requests:
+        out[prefix_group(r.hash_ids, groups)].append(r)
+    return [tuple(g) for g in out]
+
+
+def prefix_group(hash_ids: Sequence[int], groups: int) -> int:
+    """The ``prefix`` routing's group of a prompt: the first 8 bytes (little-endian) of the BLAKE2b digest
+    of its first ``PREFIX_ROUTE_BLOCKS`` block ids, written as decimal ints joined by commas, mod
+    ``groups``. Example: block ids ``(0, 9731, ...)`` hash the text ``"0,9731"``."""
+    text = ",".join(str(int(b)) for b in hash_ids[:PREFIX_ROUTE_BLOCKS])
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % groups
+
+
+def combine(metrics: Sequence[dict], ttft_ms: Sequence[np.ndarray]) -> dict:
+    """The point's metrics from each group's report (``metrics[g]``) and finished requests' TTFTs
+    (``ttft_ms[g]`` float ``[finished]``), by ``RULES``. One group gives its report unchanged.
+
+    Raises:
+        ValueError: a metric without a rule in ``RULES`` (a metric added to the report must say how groups
+            combine it).
+    """
+    if len(metrics) == 1:
+        return dict(metrics[0])
+    keys = list(dict.fromkeys(k for m in metrics for k in m))
+    missing = [k for k in keys if k not in RULES]
+    if missing:
+        raise ValueError(f"no rule combines metric {missing[0]!r} over groups (cpkv.sweep.groups.RULES)")
+    pooled = np.concatenate([np.asarray(t, dtype=np.float64) for t in ttft_ms])
+    out: dict = {}
+    for key in keys:
+        values = [m.get(key) for m in metrics]
+        out[key] = _combine(RULES[key], values, metrics, pooled)
+    return out
+
+
+def _combine(rule, values: list, metrics: Sequence[dict], pooled: np.ndarray):
+    present = [v for v in values if v is not None]
+    if rule == _SUM:
+        return sum(present)
+    if rule == _MAX:
+        return max(present) if present else None
+    if rule == _ANY:
+        return any(present)
+    if rule == _SAME:
+        return present[0] if present else None
+    if rule in (_LANES_MAX, _LANES_SUM):
+        lanes = np.asarray(present)
+        return (lanes.max(axis=0) if rule == _LANES_MAX else lanes.sum(axis=0)).tolist()
+    if isinstance(rule, tuple) and rule[0] == "ratio":
+        a = sum(m.get(rule[1]) or 0 for m in metrics)
+        b = sum(m.get(rule[2]) or 0 for m in metrics)
+        return a / (a + b) if a + b else None
+    if rule == "counts":
+        total: dict = {}
+        for d in present:
+            for k, n in d.items():
+                total[k] = total.get(k, 0) + n
+        return dict(sorted(total.items()))
+    if rule == "merged":
+        merged: dict = {}
+        for d in present:
+            merged.update(d)
+        return dict(sorted(merged.items(), key=lambda kv: int(kv[0]))[:100])
+    if rule == "per-group":
+        return {str(g): v for g, v in enumerate(values) if v is not None} or None
+    kind, arg = rule
+    if kind == "pooled":
+        return percentile_ms(pooled.tolist(), arg)
+    weights = [m.get(arg) or 0 for m in metrics]
+    total_w = sum(weights)
+    return sum(w * (v or 0.0) for w, v in zip(weights, values, strict=True)) / total_w if total_w else values[0]

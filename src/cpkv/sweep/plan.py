@@ -1,0 +1,136 @@
+"""From a grid to the sweep's work, in the driver: each point's ``cpkv simulate`` options, its
+``SimConfig`` (``cli.simulate.config_of``, the function ``cpkv simulate`` calls), the cost model's
+provenance and the key, and the workloads (each read or generated once).
+
+A point whose settings do not make a config (a bad combination: per-lane pages for another ``cp_size``,
+an EP width that does not divide it) is failed here with its one-line error and replays nothing. A point
+whose key an earlier point has (a KV storage design other than owner-lane under another owner policy:
+the design places pages its own way) is that point: one row, one replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from ..cli.simulate import (
+    COST_OPTIONS,
+    POLICY_OPTION,
+    STORAGE_OPTION,
+    WORKLOAD_OPTIONS,
+    config_of,
+    setting_options,
+    workload_of,
+)
+from ..cost.spec import CostExtraMissing
+from ..errors import CpkvError
+from ..sim.config import SimConfig
+from ..sim.storage import OWNER_LANE
+from .grid import Grid
+from .groups import ROUTINGS
+from .point import PointTask, one_line, point_key, simulate_options, workload_digest
+
+
+@dataclass
+class SweepPlan:
+    """``rows``: one per point, in grid order (``point``, ``status`` None until known, ``error``, the config
+    columns, ``gpus``; private ``_settings`` as written, ``_config``, ``_sim_config``, ``_provenance``,
+    ``key``); ``tasks``: key -> ``PointTask`` (one per distinct key); ``workloads``: digest -> spec;
+    ``config_columns``: the config column names, in order."""
+
+    rows: list[dict]
+    tasks: dict[str, PointTask]
+    workloads: dict
+    config_columns: list[str]
+    provenances: list[dict] = field(default_factory=list)
+
+
+def config_columns() -> list[str]:
+    """The config columns of the results: ``cpkv simulate``'s settings (``setting_options``, the workload's
+    left out), then ``groups``, ``routing``, ``gpus``."""
+    return [k for k, o in setting_options().items() if o.name not in WORKLOAD_OPTIONS] + ["groups", "routing", "gpus"]
+
+
+def resolved(options: dict, config: SimConfig | None) -> dict:
+    """A point's settings as the replay used them, by grid key: a ``SimConfig`` field from ``config``
+    (``chunk_size`` the workload's when not given), the cost options from ``config.measured``
+    (``ep_size``: the width used), ``policy``, any other option as given. Without ``config`` (it failed),
+    the options as given."""
+    fields = {f.name for f in dataclasses.fields(SimConfig)}
+    out = {}
+    for key, option in setting_options().items():
+        name = option.name
+        if name in WORKLOAD_OPTIONS:
+            continue
+        value = options[name]
+        if name in (POLICY_OPTION, STORAGE_OPTION):
+            value = value[0]
+            if name == POLICY_OPTION and options[STORAGE_OPTION][0] != OWNER_LANE:
+                value = None  # the other designs place pages their own way: one replay whatever the policy
+        elif config is not None and name in fields:
+            value = getattr(config, name)
+        elif config is not None and name in COST_OPTIONS:
+            m = config.measured
+            if name == "cost_model":
+                value = "illustrative" if m is None else "measured"
+            elif m is None:
+                value = None
+            else:
+                value = m.ep_for(config.cp_size) if name == "ep_size" else getattr(m, name)
+        out[key] = value
+    return out
+
+
+def plan_sweep(grid: Grid) -> SweepPlan:
+    """Every point of ``grid`` made ready to replay (see the module docstring).
+
+    Raises:
+        CostExtraMissing: a point asks for the measured model and aiconfigurator is not installed (it would
+            fail every such point: the sweep stops before any, exit 2).
+        CpkvError: the workload cannot be read or generated (TraceError, ConfigError: exit 2).
+    """
+    from ..sim.cost import step_cost
+
+    plan = SweepPlan([], {}, {}, config_columns())
+    specs: dict[tuple, tuple] = {}  # workload identity -> (spec, digest)
+    provenance_of: dict[tuple, dict] = {}
+    for index, point in enumerate(grid.points(), 1):
+        values = {k: v for k, (v, _) in point.items()}
+        groups, routing = values.get("groups", 1), values.get("routing", ROUTINGS[0])
+        options = simulate_options(grid.workload, values)
+        ident = tuple(options[k] for k in WORKLOAD_OPTIONS)
+        if options["trace"] is None:  # a generated workload depends on its seed (short prompts: page size)
+            ident += (options["seed"], options["page_size"])
+        if ident not in specs:
+            spec = workload_of(options)
+            specs[ident] = (spec, workload_digest(spec.requests))
+            plan.workloads[specs[ident][1]] = spec
+        spec, digest = specs[ident]
+        row = {"point": index, "status": None, "error": None, "key": None,
+               "_settings": {k: g for k, (_, g) in point.items()}, "_sim_config": None, "_provenance": None}  # fmt: skip
+        try:
+            config = config_of(options, spec)
+            cost_id = (config.measured, config.cp_size, config.cost)
+            if cost_id not in provenance_of:
+                provenance_of[cost_id] = step_cost(config).provenance()
+            provenance = provenance_of[cost_id]
+        except CostExtraMissing:
+            raise
+        except CpkvError as e:
+            config, provenance = None, None
+            row.update(status="failed", error=one_line(e))
+        row["_config"] = {**resolved(options, config), "groups": groups, "routing": routing}
+        row.update(row["_config"])
+        cp = row["cp_size"]
+        row["gpus"] = cp * groups if isinstance(cp, int) else None
+        if config is not None:
+            row["_sim_config"], row["_provenance"] = config.to_dict(), provenance
+            row["_kv_tokens_per_gpu"] = sum(config.lane_capacities) / config.cp_size * config.page_size
+            design = values.get("kv_storage", OWNER_LANE)
+            key = row["key"] = point_key(digest, config, values["policy"], groups, routing, provenance, design)
+            if key in plan.tasks:  # the same replay as an earlier point (a design the policy does not place)
+                continue
+            plan.tasks[key] = PointTask(key, digest, config, values["policy"], groups, routing, design)
+        plan.rows.append(row)
+    plan.provenances = list(provenance_of.values())
+    return plan

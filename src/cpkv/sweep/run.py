@@ -1,0 +1,213 @@
+"""Run a sweep (the ``cpkv sweep`` job): plan the points, skip those whose result is stored, replay the
+rest on an executor with a progress bar, store each result as it arrives, then write the results, the
+designs table and the figures.
+
+Files under ``--out DIR`` (each replaced atomically: a reader never sees half of one):
+``points/<key>.json`` (one per replayed point, written as it arrives: what a re-run or a run after Ctrl-C
+finds and skips), ``results.csv``, ``results.json``, ``summary.csv``, ``pareto.png``, ``hit_rate.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..sim.report import ReportWriteError, prepare_out_dir, write_atomic
+from .columns import TIMING_FIELDS
+from .executors import run_local, run_ray
+from .grid import Grid
+from .plan import SweepPlan, plan_sweep
+from .point import CPKV_VERSION
+from .results import designs, metric_fields, print_summary, results_csv, results_json, summary_csv
+
+OUTPUT_FILES = ("results.csv", "results.json", "summary.csv", "pareto.png", "hit_rate.png")
+POINTS_DIR = "points"
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep, after the finished points' results were written: ``line`` says what."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    """``rows`` (one per point, grid order), ``replayed`` (points replayed by this run), ``stored``
+    (found under ``points/``), ``failed``, ``paths`` (files written), ``wall_s``."""
+
+    rows: list[dict]
+    replayed: int
+    stored: int
+    failed: int
+    paths: tuple[Path, ...]
+    wall_s: float
+
+
+def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | None = None,
+          ray_address: str | None = None, progress: bool = True, retry_failed: bool = False,
+          table: bool = True) -> SweepOutcome:  # fmt: skip
+    """Sweep ``grid`` into ``out_dir`` (see the module docstring).
+
+    Args:
+        executor: ``local`` (process pool) or ``ray``. workers: processes / actors (default: every core,
+            or the Ray cluster's CPUs). ray_address: an existing Ray cluster (None: a local Ray).
+        retry_failed: replay points whose stored result failed (default: a failure is a result).
+        progress: show the progress bar. table: print the designs table.
+
+    Raises:
+        ReportWriteError: ``out_dir`` cannot be written (before any replay).
+        GridError, CpkvError: see ``plan_sweep``.
+        SweepInterrupted: Ctrl-C; the finished points are stored and the results of those written.
+    """
+    from rich import progress as rp
+
+    from ..sim.report import load_plotting
+
+    t0 = time.perf_counter()
+    plan = plan_sweep(grid)
+    prepare_out_dir(out_dir)
+    points_dir = out_dir / POINTS_DIR
+    prepare_out_dir(points_dir)
+    records: dict[str, dict] = {}
+    for key in plan.tasks:
+        record = _load(points_dir / f"{key}.json", key)
+        if record is not None and (record["status"] == "ok" or not retry_failed):
+            records[key] = record
+    stored = len(records)
+    todo = [t for k, t in plan.tasks.items() if k not in records]
+    load_plotting()  # before any replay: a Ctrl-C inside a first import would leave it half-imported
+    columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
+               rp.TextColumn("[red]{task.fields[failed]} failed"), rp.TextColumn("ETA"), rp.TimeRemainingColumn(),
+               rp.TextColumn("elapsed"), rp.TimeElapsedColumn())  # fmt: skip
+    done = [r for r in plan.rows if r["status"] == "failed" or r["key"] in records]
+    failed = sum(1 for r in done if r["status"] == "failed" or records[r["key"]]["status"] != "ok")
+    per_key: dict[str, int] = {}  # rows per key (points of one config replay once)
+    first_row: dict[str, dict] = {}
+    for r in plan.rows:
+        if r["key"] is not None:
+            per_key[r["key"]] = per_key.get(r["key"], 0) + 1
+            first_row.setdefault(r["key"], r)
+    lost: dict[str, dict] = {}
+    status = "complete"
+    try:
+        with rp.Progress(*columns, disable=not progress, transient=False) as bar:
+            job = bar.add_task(f"cpkv sweep ({executor})", total=len(plan.rows), completed=len(done), failed=failed)
+
+            def on_result(task, result) -> None:
+                nonlocal failed
+                if result["status"] == "ok" and result["cpkv_version"] != CPKV_VERSION:
+                    result = {**result, "status": "lost", "error": f"the worker runs cpkv {result['cpkv_version']}, "
+                              f"this driver {CPKV_VERSION}"}  # fmt: skip
+                if result["status"] == "lost":
+                    lost[task.key] = result
+                else:
+                    record = _record(task, result, first_row[task.key])
+                    path = points_dir / f"{task.key}.json"
+                    try:
+                        write_atomic(path, json.dumps(record, indent=1, default=str).encode())
+                    except OSError as e:  # the points stored so far stay; the executor stops the workers
+                        raise ReportWriteError(path, e.strerror or str(e)) from None
+                    records[task.key] = record
+                failed += per_key[task.key] * (result["status"] != "ok")
+                bar.update(job, advance=per_key[task.key], failed=failed)
+
+            if executor == "ray":
+                run_ray(todo, _needed(plan, todo), workers, ray_address, on_result)
+            else:
+                run_local(todo, _needed(plan, todo), workers, on_result)
+    except KeyboardInterrupt:
+        status = "interrupted"
+    rows = _fill(plan, records, lost)
+    paths = _write(out_dir, grid, plan, rows, [records.get(r["key"]) for r in rows], status)
+    outcome = SweepOutcome(rows, len(records) - stored, stored, failed, paths, time.perf_counter() - t0)
+    if status == "interrupted":
+        finished = sum(1 for r in rows if r["status"] in ("ok", "failed"))
+        raise SweepInterrupted(f"interrupted after {finished} of {len(rows)} points; wrote {out_dir}/results.csv "
+                               "(finished points only): run the same command again to replay the rest")  # fmt: skip
+    if table:
+        print_summary(designs(rows, grid.varied, grid.target), grid.varied, _title(grid, plan), grid.target)
+    return outcome
+
+
+def _needed(plan: SweepPlan, todo: list) -> dict:
+    """The workloads the tasks to run read (shipped to every worker once)."""
+    return {d: plan.workloads[d] for d in dict.fromkeys(t.workload for t in todo)}
+
+
+def _load(path: Path, key: str) -> dict | None:
+    """A stored point's record, or None (no file, or not a complete record of ``key``)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(record, dict) and record.get("key") == key and record.get("status") in ("ok", "failed")
+    return record if ok else None
+
+
+def _record(task, result: dict, row: dict) -> dict:
+    """What ``points/<key>.json`` holds: the point's whole config, its cost provenance and its result."""
+    return {"key": task.key, "cpkv_version": CPKV_VERSION, "workload_digest": task.workload,
+            "policy": task.policy, "groups": task.groups, "routing": task.routing,
+            "sim_config": row["_sim_config"], "cost_provenance": row["_provenance"], **result}  # fmt: skip
+
+
+def _fill(plan: SweepPlan, records: dict, lost: dict) -> list[dict]:
+    """The rows with each point's status, error and metrics (timing left out)."""
+    rows = []
+    for row in plan.rows:
+        row = dict(row)
+        record = records.get(row["key"]) or lost.get(row["key"])
+        if row["status"] is None and record is not None:
+            row["status"], row["error"] = record["status"], record["error"]
+            row.update({k: v for k, v in (record.get("metrics") or {}).items() if k not in TIMING_FIELDS})
+        elif row["status"] is None:
+            row["status"] = "not run"
+        rows.append(row)
+    return rows
+
+
+def _title(grid: Grid, plan: SweepPlan) -> str:
+    """E.g. ``cpkv sweep g.toml: Mooncake trace t.jsonl, 2,000 requests, 48 points | times: measured ...``."""
+    from ..sim.runner import cost_line
+
+    several = len(plan.provenances) > 1  # e.g. one per cp_size: their EP widths differ
+    lines = {cost_line({**p, "ep_size": "= cp_size" if p.get("ep_size") == p.get("cp_size") else "per point"}
+                       if several else p) for p in plan.provenances}  # fmt: skip
+    cost = lines.pop() if len(lines) == 1 else "times: several cost models"
+    trace = grid.workload["trace"]
+    workloads = "; ".join(
+        f"{s.description.replace(str(trace), trace.name) if trace else s.description}, {len(s.requests):,} requests"
+        for s in plan.workloads.values()
+    )
+    return f"cpkv sweep {grid.path.name}: {workloads}, {len(plan.rows)} points | {cost}"
+
+
+def _write(out_dir: Path, grid: Grid, plan: SweepPlan, rows: list[dict], records: list, status: str) -> tuple:
+    from ..sim.workload import workload_stats
+    from .plots import hit_rate_png, pareto_png
+
+    title = _title(grid, plan)
+    header = {
+        "status": status, "cpkv_version": CPKV_VERSION, "grid": grid.text, "varied": grid.varied,
+        "target": grid.target.text if grid.target else None,
+        "workloads": {d: {"description": s.description, "stats": workload_stats(s.requests)}
+                      for d, s in plan.workloads.items()},
+        "metric_fields": list(metric_fields(rows)),
+    }  # fmt: skip
+    payloads = {
+        "results.csv": lambda: results_csv(rows, plan.config_columns).encode(),
+        "results.json": lambda: results_json(rows, records, header).encode(),
+        "summary.csv": lambda: summary_csv(designs(rows, grid.varied, grid.target), grid.varied).encode(),
+        "pareto.png": lambda: pareto_png(rows, grid.varied, grid.target, title),
+        "hit_rate.png": lambda: hit_rate_png(rows, grid.varied, title),
+    }
+    for name, payload in payloads.items():
+        try:
+            write_atomic(out_dir / name, payload())
+        except OSError as e:
+            raise ReportWriteError(out_dir / name, e.strerror or str(e)) from None
+    return tuple(out_dir / name for name in payloads)
