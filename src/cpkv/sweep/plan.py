@@ -3,9 +3,9 @@
 provenance and the key, and the workloads (each read or generated once).
 
 A point whose settings do not make a config (a bad combination: per-lane pages for another ``cp_size``,
-an EP width that does not divide it) is failed here with its one-line error and replays nothing. A point
-whose key an earlier point has (a KV storage design other than owner-lane under another owner policy:
-the design places pages its own way) is that point: one row, one replay.
+an EP width that does not divide it) is failed here with its one-line error and replays nothing. Points
+of one key (one group under two routings; a KV storage design other than owner-lane under two owner
+policies: the design places pages its own way) are one replay, a row each.
 """
 
 from __future__ import annotations
@@ -128,9 +128,7 @@ def plan_sweep(grid: Grid) -> SweepPlan:
             row["_kv_tokens_per_gpu"] = sum(config.lane_capacities) / config.cp_size * config.page_size
             design = values.get("kv_storage", OWNER_LANE)
             key = row["key"] = point_key(digest, config, values["policy"], groups, routing, provenance, design)
-            if key in plan.tasks:  # the same replay as an earlier point (a design the policy does not place)
-                continue
-            plan.tasks[key] = PointTask(key, digest, config, values["policy"], groups, routing, design)
+            plan.tasks.setdefault(key, PointTask(key, digest, config, values["policy"], groups, routing, design))
         plan.rows.append(row)
     plan.provenances = list(provenance_of.values())
     return plan
