@@ -8,6 +8,7 @@ import numpy as np
 
 from .config import check_cp_size, check_int, check_lane
 from .errors import ConfigError, LayoutError, PoolKindError
+from .validate import MAX_POSITION
 
 POOL_KINDS = ("sharded", "replicated")
 """KV pool kinds (SPEC C-POOL): ``sharded`` (each page on its owner lane) or ``replicated`` (every rank
@@ -67,6 +68,11 @@ class SharedKVLayout:
         object.__setattr__(self, "page_size", check_int("page_size", self.page_size, 1))
         object.__setattr__(self, "pages_per_lane", check_int("pages_per_lane", self.pages_per_lane, 1))
         check_pool_kind(self.kind)
+        if self.cp_size * self.pages_per_lane * self.page_size > MAX_POSITION:  # slots stay exact in int64
+            raise LayoutError(
+                f"a pool of cp_size={self.cp_size} x pages_per_lane={self.pages_per_lane} x page_size="
+                f"{self.page_size} slots exceeds {MAX_POSITION} (2**53), the most slots cpkv addresses"
+            )
 
     @property
     def num_slots(self) -> int:

@@ -10,11 +10,24 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import CPConfig
-from ..errors import AllocatorError
-from ..validate import as_int_array
+from ..errors import AllocatorError, ConfigError
+from ..limits import check_bytes
+from ..validate import MAX_POSITION, as_int_array
 from .pool import LanePool
 
 _U64 = np.uint64
+
+
+def check_pool_size(cp_size: int, pages_per_lane: int, page_size: int) -> None:
+    """ConfigError for a pool of ``cp_size`` lanes of up to ``pages_per_lane`` pages of ``page_size`` tokens
+    whose slots (``page * P + offset``) pass ``MAX_POSITION`` (2**53: slots stay exact in int64 and
+    float64), or whose page tables (at most 32 B per page while built) pass ``cpkv.limits.MAX_ARRAY_BYTES``."""
+    num_pages = cp_size * pages_per_lane
+    if num_pages * page_size > MAX_POSITION:
+        raise ConfigError(f"a pool of {num_pages:,} pages of page_size={page_size} has more than {MAX_POSITION} "
+                          f"(2**53) slots, the most cpkv addresses; lower pages_per_lane or page_size")
+    check_bytes(f"an allocator of {num_pages:,} pages ({cp_size} lanes of up to {pages_per_lane:,})", 32 * num_pages,
+                ConfigError, "lower pages_per_lane")  # fmt: skip
 
 
 def page_id_array(pages, num_pages: int) -> np.ndarray:

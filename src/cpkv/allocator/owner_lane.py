@@ -9,24 +9,23 @@ someone reads an ``out_cache_loc`` (``ExtendAllocation``): the simulator never d
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 
 from ..config import CPConfig
-from ..errors import AllocatorError, ConfigError, StalePlanError
+from ..errors import AllocatorError, ConfigError
 from ..kernels.backend import interpreter_requested, kernel_mode, use_kernels
 from ..layout import check_pool_kind
-from ..limits import check_bytes
 from ..plan import BatchPlan
 from ..planner import plan_arrays
 from ..policy import balanced_phases, follows_free_pages
 from ..slots import extend_slots
 from ..validate import as_int, as_int_array, check_int, lengths, per_lane_ints
-from .checks import check_shared_heads, head_owners, lane_array, page_id_array
+from .checks import check_pool_size, check_shared_heads, head_owners, lane_array, page_id_array
 from .one_page import OnePageTables, pick_one_page
 from .pool import LanePool
 from .result import ExtendAllocation
+from .stamp import Commits
 
 _I64 = np.int64
 
@@ -73,9 +72,7 @@ class OwnerLaneAllocator:
             config = CPConfig(1, config.page_size, config.owner_policy)  # no owners: one lane (C-POOL)
         C = config.cp_size
         caps = per_lane_ints("pages_per_lane", pages_per_lane, C, 1)
-        num_pages = C * max(caps)
-        check_bytes(f"an allocator of {num_pages:,} pages ({C} lanes of up to {max(caps):,})", 32 * num_pages,
-                    ConfigError, "lower pages_per_lane")  # fmt: skip
+        check_pool_size(C, max(caps), config.page_size)
         self.config = config
         mode = kernel_mode()  # a bad CPKV_KERNELS fails here, whatever the device
         if isinstance(device, str) and device == "cpu" and not (mode == "auto" and interpreter_requested()):
@@ -97,7 +94,7 @@ class OwnerLaneAllocator:
         self.num_pages = self.pool.num_pages
         self.capacity_per_lane = self.pool.capacity_per_lane  # [C] usable pages
         self._one_page = OnePageTables(config.page_size, self.num_pages)
-        self._maker = object()  # this allocator's mark in the stamps of the plans it makes
+        self._commits = Commits(config, self.pool)  # the stamps of the plans it makes, the plans it committed
 
     # ----------------------------------------------------------------------------------------- queries
     @property
@@ -239,26 +236,11 @@ class OwnerLaneAllocator:
             ``ExtendAllocation`` (``plan`` is this plan).
 
         Raises:
-            StalePlanError: a plan this allocator did not make, other ``last_locs``, or phases the free pages
-                no longer choose (plan again). AllocatorError: a ``last_loc`` on a page freed since.
+            StalePlanError: a plan this allocator did not make or already allocated, other ``last_locs``, or
+                phases the free pages no longer choose (plan again). AllocatorError: a ``last_loc`` on a page freed since.
                 LaneExhausted: a lane is short. In every case nothing is allocated.
         """
-        stamp = plan.stamp if isinstance(plan, BatchPlan) else None
-        if not isinstance(stamp, _Stamp) or stamp.maker is not self._maker:
-            raise StalePlanError("allocate takes a plan this allocator's plan_extend made; plan the batch with it")
-        last = as_int_array("last_locs", last_locs, plan.num_requests)
-        if last.tobytes() != stamp.last_locs:
-            raise StalePlanError("last_locs differ from those the plan was made with; plan the batch again")
-        if stamp.changes != self.pool.changes:
-            head_owners(self.pool, self.config, plan.prefix_lens, last)  # raises on a last_loc freed since
-            if stamp.free is not None and stamp.free != self.pool.free.tobytes():
-                C, P = self.config.cp_size, self.config.page_size
-                phases = balanced_phases(plan.prefix_lens, plan.extend_lens, self.pool.free, P, C)
-                if phases.tobytes() != plan.request_phases.tobytes():
-                    raise StalePlanError(
-                        f"the free pages per lane changed since the plan was made ({self.pool.free.tolist()} now) and "
-                        f"choose phases {phases.tolist()}, not the plan's {plan.request_phases.tolist()}; plan again"
-                    )
+        last = self._commits.check(plan, last_locs)
         return self._commit_plan(plan, last)
 
     def _commit_plan(self, plan: BatchPlan, last: np.ndarray) -> ExtendAllocation:
@@ -273,6 +255,7 @@ class OwnerLaneAllocator:
         else:
             out = self._on_device(extend_slots(plan, last, new_pages))
         self.pool.commit(new_pages, counts)  # only once out_cache_loc exists on the device (C-ATOMIC)
+        self._commits.committed(plan)
         new_pages.setflags(write=False)
         return ExtendAllocation(out_cache_loc=out, plan=plan, new_pages=new_pages)
 
@@ -385,16 +368,7 @@ class OwnerLaneAllocator:
         P, C = self.config.page_size, self.config.cp_size
         balanced = follows_free_pages(self.config.owner_policy)
         phases = balanced_phases(L0, E, self.pool.free, P, C) if balanced else None
-        stamp = _Stamp(self._maker, last.tobytes(), self.pool.changes, self.pool.free.tobytes() if balanced else None)
+        stamp = self._commits.stamp(last, balanced)
         plan = plan_arrays(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True, stamp=stamp)
         return plan, last
 
-
-class _Stamp(NamedTuple):
-    """What ``allocate`` checks of a plan: its maker (``OwnerLaneAllocator._maker``), the ``last_locs`` bytes,
-    the pool's change count, and (``balanced``) the free pages per lane as bytes, else None."""
-
-    maker: object
-    last_locs: bytes
-    changes: int
-    free: bytes | None

@@ -36,6 +36,7 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
     """
     prefix_len, extend_len, head_owner = list(prefix_len), list(extend_len), list(head_owner)
     from ..planner import plan_batch, plan_request
+    from ..policy import follows_free_pages
     from .plan_view import plan_to_dict, print_plan
 
     if batch is not None:
@@ -60,6 +61,9 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
     flag = "head_owner" if batch is not None else "--head-owner"
     for line in ignored_head_owners(summary["requests"], heads or [], page_size, flag):
         click.echo(f"cpkv: warning: {line}", err=True)
+    if follows_free_pages(config.owner_policy):
+        click.echo("cpkv: note: under balanced the allocator chooses each phase from the lanes' free pages "
+                   "(C-BALANCED); the planner alone, shown here, uses the rotation rule", err=True)  # fmt: skip
     if as_json:
         dump_json(summary)
     else:

@@ -161,7 +161,7 @@ def measured_spec(cost_model: str, gpu, model, backend, ep_size):
     if cost_model == "illustrative":
         extra = [flag for flag, v in given.items() if v is not None]
         if extra:
-            raise InputError(f"{', '.join(extra)} price the measured model; drop them or use --cost-model measured")
+            raise InputError(f"{', '.join(extra)} only apply to --cost-model measured; drop them or use it")
         return None
     return MeasuredSpec(gpu=gpu or DEFAULT_GPU, model=model or DEFAULT_MODEL, backend=backend or DEFAULT_BACKEND,
                         ep_size=ep_size)  # fmt: skip

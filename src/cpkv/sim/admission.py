@@ -12,9 +12,9 @@ that satisfies three limits at once:
 
 Chunk lengths obey one alignment rule (``align_chunk``). When the wanted chunk does not fit, a binary
 search over the raw length finds the longest aligned chunk that does (the estimate and, under a fixed
-phase, the per-lane pages only grow with the chunk). A request left with no chunk waits for the next step;
-one whose one-token chunk exceeds the budget even alone in a step can never run and is rejected with
-reason ``logits_budget``. ``commit`` evicts what each lane lacks and allocates; since the batch was sized
+phase, the per-lane pages only grow with the chunk). A request left with no chunk waits for the next step
+(the engine never admits one whose last prompt token alone exceeds the budget: one token at position p
+needs p + 1 elements, so every other request's one-token chunk fits). ``commit`` evicts what each lane lacks and allocates; since the batch was sized
 against free + evictable pages, the allocation cannot be refused.
 """
 
@@ -205,14 +205,6 @@ class StepBuilder:
         self._pages -= pages_to_finish(L0 + n, L0, self.config.page_size)
         self.tokens_left += n
         self._seen.clear()
-
-    def budget_fits_alone(self, prefix_len: int, last_loc: int) -> bool:
-        """Whether the request's smallest chunk (one token) fits the logits budget in a step of its own
-        (C-BUDGET); True without a budget. Example: one token at position L0 needs ``L0 + 1`` elements."""
-        if self.limit is None:
-            return True
-        plan = self.alloc.plan_extend([prefix_len], [1], [last_loc])
-        return int(mqa_logits_elements(plan).max()) <= self.limit
 
     # ----------------------------------------------------------------------------------------- commit
     def commit(self) -> tuple[list, ExtendAllocation, np.ndarray] | None:

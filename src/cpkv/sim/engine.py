@@ -10,7 +10,7 @@ simulator drives the library exactly as an engine's scheduler would.
 
 Progress: under ``balanced`` the oldest request can always take a page somewhere while the reservation
 holds; a request that cannot run even alone (its next page's or MTP step's lane full of its own pages, or
-its one-token chunk over the logits budget) is rejected with a reason (``rejection.py``); decode steps
+its prompt's last token alone over the logits budget) is rejected with a reason (``rejection.py``); decode steps
 that block each other retract the youngest decoding request. What remains, prefilling requests blocked
 by each other's pages (``legacy`` piling every page on lane 0), is a livelock: a finding in the report.
 """
@@ -140,13 +140,8 @@ class PolicyRun:
         """Run one step; True when any request advanced (prefill or decode)."""
         b = self.builder
         b.reset()
-        running = list(self.running)
-        for r, fit in zip(running, b.add_many([(r, r.done, r.remaining, r.last_loc) for r in running]), strict=True):
-            self._note(fit)
-            # Whatever cut it first (a lane may refuse the long chunk, the budget every short one): a request
-            # whose one-token chunk is over the logits budget on its own can never run.
-            if not fit.tokens and not b.budget_fits_alone(r.done, r.last_loc):
-                self._reject(r, budget_reason(r.done, self.cfg.logits_budget_elements))
+        for fit in b.add_many([(r, r.done, r.remaining, r.last_loc) for r in self.running]):
+            self._note(fit)  # (a prompt whose last token alone is over the logits budget was never admitted)
         self._admit()
         batch = b.commit()
         decode = self._decode_step() if self.decoding else None
@@ -189,13 +184,15 @@ class PolicyRun:
             if pages > usable:
                 self._drop_waiting(i, pool_reason(pages, usable))
                 continue
+            # C-BUDGET: one token at position p needs p + 1 elements (C-ESTIMATE), so a prompt whose last token
+            # alone is over the budget can never finish: rejected now, before any of it is computed
+            last = req.input_length + self._redo.get(req.req_id, 0) - 1  # its last prefill token's position
+            if self.cfg.logits_budget_elements is not None and last + 1 > self.cfg.logits_budget_elements:
+                self._drop_waiting(i, budget_reason(last, self.cfg.logits_budget_elements))
+                continue
             if self.builder.tokens_left <= 0 or not self._total_room_for(req):
                 return
             run = self._start(req)
-            if not self.builder.budget_fits_alone(run.done, run.last_loc):
-                run.kv.release()
-                self._drop_waiting(i, budget_reason(run.done, self.cfg.logits_budget_elements))
-                continue
             others = self.running + self.decoding
             pages_left = [self._pages_left(r) for r in (*others, run)]  # room: re-read by _start's lock
             short = reservation_short(self.policy, pages_left, self.builder.room, per_lane=False)  # the total

@@ -115,13 +115,13 @@ class SpecDecoder:
         """The report's speculative-decoding figures (defined in docs/metrics.md)."""
         lanes = self.draft_pages_per_lane
         mean = float(lanes.mean())
-        steps = max(self.verify_steps, 1)
+        steps = self.verify_steps  # no verify step (or no draft page): null, not a perfect-looking 0 or 1.0
         return {
-            "spec_verify_steps": self.verify_steps,
-            "spec_accept_length": self.kept_tokens / steps,
-            "spec_accepted_drafts_per_step": self.accepted_drafts / steps,
+            "spec_verify_steps": steps,
+            "spec_accept_length": self.kept_tokens / steps if steps else None,
+            "spec_accepted_drafts_per_step": self.accepted_drafts / steps if steps else None,
             "draft_pages_allocated": int(lanes.sum()),
             "draft_pages_released": self.draft_pages_released,
             "draft_pages_per_lane": lanes.tolist(),
-            "draft_lane_imbalance": float(lanes.max()) / mean if mean > 0 else 1.0,
+            "draft_lane_imbalance": float(lanes.max()) / mean if mean > 0 else None,
         }

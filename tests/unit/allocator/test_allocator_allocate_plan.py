@@ -53,7 +53,7 @@ def test_a_plan_from_elsewhere_or_with_other_last_locs_is_refused():
     head = a.alloc_extend([0], [6], [-1])  # positions 0-5, last_loc = slot of position 5
     last = int(head.out_cache_loc_cpu[-1])
     plan = a.plan_extend([6], [3], [last])
-    with pytest.raises(StalePlanError, match="last_locs differ"):
+    with pytest.raises(StalePlanError, match=rf"last_locs \[{last - 1}\] differ from the plan's \[{last}\]"):
         a.allocate(plan, [last - 1])
     assert a.state_digest() != before  # only the first alloc_extend took pages
     digest = a.state_digest()
@@ -83,6 +83,22 @@ def test_balanced_plan_is_refused_once_free_pages_choose_other_phases_and_kept_w
     with pytest.raises(StalePlanError, match=r"choose phases \[0\], not the plan's \[1\]"):
         alloc.allocate(plan, [-1])
     assert alloc.state_digest() == digest
+
+
+def test_a_plan_commits_once():
+    # Two commits of one plan would take its head slots twice (here the slots after last_loc 5, page 1).
+    alloc = OwnerLaneAllocator(CPConfig(2, 4, "rotation"), 8)
+    first = alloc.alloc_extend([0], [6], [-1])
+    last = int(first.out_cache_loc_cpu[-1])
+    plan = alloc.plan_extend([6], [5], [last])
+    alloc.allocate(plan, [last])
+    digest = alloc.state_digest()
+    with pytest.raises(StalePlanError, match="allocated already"):
+        alloc.allocate(plan, [last])
+    assert alloc.state_digest() == digest
+    twin = copy.deepcopy(alloc)  # a copy commits its own plans only
+    with pytest.raises(StalePlanError, match="this allocator's plan_extend"):
+        twin.allocate(plan, [last])
 
 
 def test_rotation_plan_survives_page_changes_but_not_a_freed_last_loc():

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
     ],
 )
 def test_ignored_head_owner_warns_on_stderr(argv, reason, capsys):
-    assert main(["plan", *argv, "--json"]) == 0
+    assert main(["plan", *argv, "--policy", "rotation", "--json"]) == 0
     out = capsys.readouterr()
     assert json.loads(out.out)["requests"][0]["head_owner"] is None  # the plan itself is unchanged
     assert out.err == f"cpkv: warning: request 0: --head-owner 1 is ignored: {reason} (no head tokens)\n"
@@ -27,8 +27,18 @@ def test_ignored_head_owner_warns_on_stderr(argv, reason, capsys):
 
 def test_used_or_absent_head_owner_does_not_warn(capsys):
     assert main(["plan", "--prefix-len", "100", "--extend-len", "5", "--head-owner", "1",
-                 "--prefix-len", "0", "--extend-len", "5", "--head-owner", "-1", "--json"]) == 0  # fmt: skip
+                 "--prefix-len", "0", "--extend-len", "5", "--head-owner", "-1", "--policy", "rotation", "--json"]) == 0  # fmt: skip
     assert capsys.readouterr().err == ""
+
+
+def test_balanced_plan_says_the_allocator_chooses_its_phases(capsys):
+    # The planner has no free pages: under balanced (the default) it shows the rotation rule's phases, and
+    # says so, since the allocator's plan_extend chooses them from the lanes' free pages (C-BALANCED).
+    assert main(["plan", "--prefix-len", "0", "--extend-len", "64", "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["requests"][0]["phase"] == 0
+    assert out.err == ("cpkv: note: under balanced the allocator chooses each phase from the lanes' free pages "
+                       "(C-BALANCED); the planner alone, shown here, uses the rotation rule\n")  # fmt: skip
 
 
 def test_plan_without_request_says_give_at_least_one(capsys):

@@ -26,6 +26,7 @@ from cpkv import (
     plan_request,
 )
 from cpkv.cli import main
+from cpkv.errors import LayoutError
 from cpkv.validate import plan_bytes
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-FAIL-FAST")]
@@ -157,3 +158,14 @@ def test_run_dist_workload_and_kv_buffer_too_large():
     with pytest.raises(ConfigError, match=r"a KV buffer of 2 layers x 1,280,000,000 slots x 64 floats would need "
                                           r"655,360,000,000 bytes"):  # fmt: skip
         create_kv_buffer(group, layout, 2, 64, kind="mirrored", tag="t")
+
+
+@pytest.mark.clause("C-FAIL-FAST")
+def test_a_pool_with_more_slots_than_2_pow_53_is_refused_before_anything_is_built():
+    # slot = page * P + offset must stay exact (int64, float64): 4 lanes x 8 pages x 2**62 tokens would wrap
+    # out_cache_loc onto page 0 (the padding page) or negative (padding) slots.
+    with pytest.raises(ConfigError, match=r"a pool of 32 pages of page_size=4611686018427387904 has more than 9007199254740992"):
+        OwnerLaneAllocator(CPConfig(4, 2**62, "rotation"), 8)
+    with pytest.raises(LayoutError, match=r"cp_size=4 x pages_per_lane=2 x page_size=4611686018427387904 slots exceeds"):
+        SharedKVLayout(4, 2**62, 2)
+    assert OwnerLaneAllocator(CPConfig(2, 2**50, "rotation"), 4).num_pages == 8  # 2**53 slots: the largest pool

@@ -65,32 +65,50 @@ def test_issue_example_64k_prompt_stays_within_64_mib(policy, step_log):
     assert all(end % 64 == 0 for end in ends)
 
 
-def test_request_whose_one_token_chunk_exceeds_the_budget_is_rejected_with_reason(step_log):
-    # Budget 26: a one-token chunk at position L0 needs L0 + 1 elements, so position 26 never fits.
-    # A 40-token prompt runs until 26 tokens are computed, then is rejected (not retried forever).
+def test_request_whose_last_token_exceeds_the_budget_is_rejected_with_reason(step_log):
+    # Budget 26: a one-token chunk at position p needs p + 1 elements, so a 40-token prompt's last token
+    # (position 39, 40 elements) can never run: rejected when it would be admitted, before any of it is
+    # computed (not run up to position 26 and rejected there, nor retried forever); the 6-token prompt runs.
     cfg = SimConfig(cp_size=2, page_size=1, pages_per_lane=64, chunk_size=16, max_batch_tokens=16,
                     logits_budget_mb=_budget_mb(26), livelock_steps=8)  # fmt: skip
     reqs = [Request(0, 0.0, 40, 1, (1,)), Request(1, 0.0, 6, 1, (2,))]
     run = PolicyRun(cfg, "balanced", reqs)
     log = step_log(run)
     m = run.run().metrics
-    assert m["rejections"]["0"].startswith("logits_budget: a one-token chunk at position 26 needs 27")
+    assert m["rejections"]["0"] == ("logits_budget: a one-token chunk at position 39 needs 40 logits elements on "
+                                    "one rank, over the budget of 26")  # fmt: skip
     assert m["requests_finished"] == 1 and m["requests_rejected"] == 1 and not m["livelock_detected"]
-    assert m["rejection_reasons"] == {"logits_budget": 1}
-    assert all(max(s.logits) <= 26 for s in log)
-    # nothing leaked: the rejected request's computed pages went to the prefix cache
+    assert m["rejection_reasons"] == {"logits_budget": 1} and m["prefill_tokens"] == 6
+    assert all(max(s.logits) <= 26 for s in log) and all(0 not in s.req_ids for s in log)
     assert run.alloc.used_pages_per_lane().tolist() == run.cache.cached_pages_per_lane().tolist()
 
 
-def test_waiting_request_with_a_long_cached_prefix_is_rejected_before_admission():
-    # Budget 20 elements. Request 0 (30 tokens of block 5) computes positions 0..19, then a one-token chunk
-    # at 20 would need 21: rejected, its 20 computed pages (P=1) go to the prefix cache. Request 1, the
-    # same 30 tokens, matches those 20 pages, so its first chunk sits at position 20: rejected at once.
+def test_every_prompt_longer_than_the_budget_is_rejected_before_admission():
+    # Budget 20 elements, two 30-token prompts of one block: each one's last token needs 30, so both are
+    # rejected before admission: nothing computed, nothing matched, nothing cached.
     cfg = SimConfig(cp_size=2, page_size=1, pages_per_lane=64, chunk_size=4, max_batch_tokens=4,
                     logits_budget_mb=_budget_mb(20))  # fmt: skip
     reqs = [Request(0, 0.0, 30, 1, (5,)), Request(1, 1000.0, 30, 1, (5,))]
-    m = PolicyRun(cfg, "rotation", reqs).run().metrics
+    run = PolicyRun(cfg, "rotation", reqs)
+    m = run.run().metrics
     assert m["requests_finished"] == 0 and m["rejection_reasons"] == {"logits_budget": 2}
-    assert m["rejections"]["0"].startswith("logits_budget: a one-token chunk at position 20 needs 21")
-    assert m["rejections"]["1"].startswith("logits_budget: a one-token chunk at position 20 needs 21")
-    assert m["prefill_tokens"] == 20 and m["cache_hit_tokens"] == 0  # request 1 was never admitted
+    assert m["rejections"]["1"].startswith("logits_budget: a one-token chunk at position 29 needs 30")
+    assert m["prefill_tokens"] == 0 and m["cache_hit_tokens"] == 0
+    assert run.cache.cached_pages_per_lane().sum() == 0
+
+
+def test_a_prompt_longer_than_the_budget_is_rejected_at_admission_and_starves_no_one(step_log):
+    # Budget 5,242 elements: the last token of a 20,000-token prompt alone needs 20,000 (one token at
+    # position p: (p + 1) elements), so the request can never finish; it is rejected before any of it is
+    # computed, and the 600-token prompt behind it runs at once (it used to wait while the doomed one
+    # advanced one token a step for 3,433 steps).
+    budget = 5242
+    cfg = SimConfig(cp_size=8, page_size=64, pages_per_lane=512, logits_budget_mb=_budget_mb(budget))
+    reqs = [Request(0, 0.0, 20_000, 0, tuple(range(40))), Request(1, 1.0, 600, 0, (100, 101))]
+    run = PolicyRun(cfg, "balanced", reqs)
+    log = step_log(run)
+    m = run.run().metrics
+    assert m["rejections"] == {"0": "logits_budget: a one-token chunk at position 19999 needs 20000 logits "
+                                     "elements on one rank, over the budget of 5242"}  # fmt: skip
+    assert m["requests_finished"] == 1 and m["prefill_tokens"] == 600
+    assert all(0 not in s.req_ids for s in log)

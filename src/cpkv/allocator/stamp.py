@@ -1,0 +1,86 @@
+"""Plan, then commit: what ``OwnerLaneAllocator.plan_extend`` records on a plan and how ``allocate`` checks it
+(SPEC C-ALLOC, C-BALANCED).
+
+A plan is a function of its lengths, its ``last_locs`` (head owners) and, under ``balanced``, the free
+pages per lane it was made under. ``allocate`` commits a plan only while it is the one ``plan_extend``
+would make now, and only once: a plan of another allocator, of other ``last_locs``, already committed, or
+(``balanced``) whose phases the current free pages no longer choose is refused before any page is taken.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import NamedTuple
+
+import numpy as np
+
+from ..config import CPConfig
+from ..errors import StalePlanError
+from ..plan import BatchPlan
+from ..policy import balanced_phases
+from ..validate import as_int_array
+from .checks import head_owners
+from .pool import LanePool
+
+_I64 = np.int64
+
+
+class PlanStamp(NamedTuple):
+    """A plan's maker (an allocator's token), its ``last_locs`` (bytes), the pool's change count when it was
+    made, and (``balanced``) the free pages per lane as bytes, else None."""
+
+    maker: object
+    last_locs: bytes
+    changes: int
+    free: bytes | None
+
+
+class Commits:
+    """The plans one allocator made and committed: ``stamp`` marks a new plan, ``check`` admits it once.
+
+    Args:
+        config: the allocator's ``CPConfig``. pool: its ``LanePool``.
+    """
+
+    def __init__(self, config: CPConfig, pool: LanePool) -> None:
+        self.config, self.pool = config, pool
+        self.maker = object()
+        self._done: weakref.WeakSet = weakref.WeakSet()
+
+    def __getstate__(self) -> dict:  # a copied or unpickled allocator commits its own plans, none yet
+        return {"config": self.config, "pool": self.pool}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["config"], state["pool"])
+
+    def stamp(self, last: np.ndarray, balanced: bool) -> PlanStamp:
+        """The stamp of a plan made now with ``last`` (int64 ``[B]`` ``last_locs``)."""
+        return PlanStamp(self.maker, last.tobytes(), self.pool.changes, self.pool.free.tobytes() if balanced else None)
+
+    def check(self, plan: BatchPlan, last_locs) -> np.ndarray:
+        """``last_locs`` as int64 ``[B]`` when ``plan`` may be committed now, else StalePlanError (or the
+        AllocatorError of a ``last_loc`` on a page freed since); changes nothing."""
+        stamp = plan.stamp if isinstance(plan, BatchPlan) else None
+        if not isinstance(stamp, PlanStamp) or stamp.maker is not self.maker:
+            raise StalePlanError("allocate takes a plan this allocator's plan_extend made; plan the batch with it")
+        if plan in self._done:
+            raise StalePlanError("the plan was allocated already (a plan commits once); plan the batch again")
+        last = as_int_array("last_locs", last_locs, plan.num_requests)
+        if last.tobytes() != stamp.last_locs:
+            made = np.frombuffer(stamp.last_locs, dtype=_I64).tolist()
+            raise StalePlanError(f"last_locs {last.tolist()} differ from the plan's {made}; plan the batch again")
+        if stamp.changes != self.pool.changes:
+            head_owners(self.pool, self.config, plan.prefix_lens, last)  # raises on a last_loc freed since
+            if stamp.free is not None and stamp.free != self.pool.free.tobytes():
+                C, P = self.config.cp_size, self.config.page_size
+                phases = balanced_phases(plan.prefix_lens, plan.extend_lens, self.pool.free, P, C)
+                if phases.tobytes() != plan.request_phases.tobytes():
+                    raise StalePlanError(
+                        f"the free pages per lane changed since the plan was made ({self.pool.free.tolist()} now) and "
+                        f"choose phases {phases.tolist()}, not the plan's {plan.request_phases.tolist()}; plan again"
+                    )
+        return last
+
+    def committed(self, plan: BatchPlan) -> None:
+        """``plan`` was allocated: it commits no second time."""
+        self._done.add(plan)
