@@ -19,8 +19,9 @@ from pathlib import Path
 import click
 
 from ..cli.options import InputError
-from ..cli.simulate import POLICY_OPTION, WORKLOAD_OPTIONS, setting_options, simulate
+from ..cli.simulate import WORKLOAD_OPTIONS, setting_options, simulate
 from ..config import OWNER_POLICIES
+from ..sim.config import KV_STORAGE_DESIGNS
 from .columns import TARGET_METRICS
 from .groups import ROUTINGS
 
@@ -160,12 +161,13 @@ def read_grid(path: Path) -> Grid:
 
 def _values(key: str, raw: object, where: str) -> tuple[list, list]:
     """``(as written, converted)`` values of ``key`` (a TOML scalar is one value); ``policy = "all"`` is
-    every policy, as for ``--policy``."""
+    every policy and ``kv_storage = "all"`` every design, as for ``--policy`` and ``--kv-storage``."""
     written = raw if isinstance(raw, list) else [raw]
+    every = {"policy": OWNER_POLICIES, "kv_storage": KV_STORAGE_DESIGNS}
     pairs = []
     for value in written:
         c = convert(key, value, where)
-        pairs += [(p, p) for p in OWNER_POLICIES] if key == "policy" and c == "all" else [(value, c)]
+        pairs += [(p, p) for p in every[key]] if key in every and c == "all" else [(value, c)]
     return [w for w, _ in pairs], [c for _, c in pairs]
 
 
@@ -210,9 +212,7 @@ def convert(key: str, value: object, where: str) -> object:
         converted = option.process_value(ctx, (value,) if option.multiple else value)
     except click.BadParameter as e:
         raise GridError(f"{where}: {e.message}") from None
-    if option.name == POLICY_OPTION:
-        return converted[0]
-    return converted
+    return converted[0] if option.multiple else converted  # --policy, --kv-storage: one value a point
 
 
 def _workload(table: object, base: Path, where: str) -> dict:

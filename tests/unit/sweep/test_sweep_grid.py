@@ -16,7 +16,7 @@ from cpkv.cli.simulate import (
     WORKLOAD_OPTIONS,
     simulate,
 )
-from cpkv.sim.config import SimConfig
+from cpkv.sim.config import KV_STORAGE_DESIGNS, SimConfig
 from cpkv.sweep.grid import SWEEP_KEYS, GridError, grid_keys, read_grid
 
 pytestmark = pytest.mark.unit
@@ -58,6 +58,19 @@ def test_an_option_added_to_simulate_is_a_grid_key(tmp_path, monkeypatch):
     assert grid.axes["kv_storage"] == ("owner-lane", "replicated")
     with pytest.raises(GridError, match=r"\[grid\] kv_storage: 'interleaved' is not one of 'owner-lane', 'replicated'"):
         read_grid(_grid(tmp_path, '[grid]\nkv_storage = ["interleaved"]\n'))
+
+
+@pytest.mark.clause("C-STORAGE")
+def test_kv_storage_values_are_design_names(tmp_path):
+    """The real ``--kv-storage`` is repeatable: a grid value is one design (not a one-name tuple), ``all`` is
+    every design, and an unknown name is refused with the choices."""
+    grid = read_grid(_grid(tmp_path, '[grid]\nkv_storage = ["owner-lane", "replicated"]\npolicy = "balanced"\n'))
+    assert grid.axes["kv_storage"] == ("owner-lane", "replicated")
+    assert {p["kv_storage"][0] for p in grid.points()} == {"owner-lane", "replicated"}
+    grid = read_grid(_grid(tmp_path, '[grid]\nkv_storage = "all"\npolicy = "balanced"\n'))
+    assert grid.axes["kv_storage"] == KV_STORAGE_DESIGNS
+    with pytest.raises(GridError, match=r"kv_storage: 'striped' is not one of 'owner-lane'"):
+        read_grid(_grid(tmp_path, '[grid]\nkv_storage = "striped"\n'))
 
 
 def test_values_convert_as_the_flags_do(tmp_path):

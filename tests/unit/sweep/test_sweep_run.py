@@ -196,3 +196,29 @@ def test_ray_missing_is_one_error_line(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err == "cpkv: error: --executor ray needs Ray: pip install 'cpkv[ray]' (or use --executor local)\n"
     assert not (tmp_path / "out").exists()  # before any work
+
+
+@pytest.mark.clause("C-STORAGE")
+def test_a_storage_axis_replays_each_design_as_simulate_does(tmp_path):
+    """``kv_storage`` through the real, repeatable ``--kv-storage`` option: each point is one design (a
+    design other than owner-lane replays once for both policies), and its metrics are those of ``cpkv
+    simulate --kv-storage`` on the same settings."""
+    grid = _grid(tmp_path, GRID.replace("cp_size = [2, 4]", "cp_size = 4").replace("[300, 1200]", "300")
+                 .replace("groups = [1, 2]", 'groups = 1\nkv_storage = ["owner-lane", "replicated"]'))  # fmt: skip
+    assert _sweep(grid, tmp_path / "out") == 0
+    listed = _rows(tmp_path / "out")  # a design other than owner-lane has no policy: its column is empty
+    assert sorted((r["kv_storage"], r["policy"]) for r in listed) == [
+        ("owner-lane", "balanced"), ("owner-lane", "rotation"), ("replicated", ""), ("replicated", "")]
+    assert {r["status"] for r in listed} == {"ok"}
+    assert len({r["key"] for r in listed if r["kv_storage"] == "replicated"}) == 1
+    rows = {(r["kv_storage"], r["policy"] or "rotation"): r for r in listed if r["policy"] != "balanced"}
+    assert len(list((tmp_path / "out" / "points").iterdir())) == 3
+    sim = tmp_path / "sim"
+    assert main(["simulate", "--workload", "synthetic", "--max-requests", "16", "--cp-size", "4", "--page-size", "16",
+                 "--pages-per-lane", "300", "--cost-model", "illustrative", "--policy", "rotation", "--kv-storage",
+                 "owner-lane", "--kv-storage", "replicated", "--no-progress", "--out", str(sim)]) == 0  # fmt: skip
+    report = json.loads((sim / "report.json").read_text())["policies"]
+    for (design, policy), name in ((("owner-lane", "rotation"), "owner-lane/rotation"), (("replicated", "rotation"), "replicated")):
+        for field in ("cache_hit_tokens", "prefill_tokens", "evicted_pages", "kv_capacity_tokens"):
+            assert int(rows[design, policy][field]) == report[name][field], (design, field)
+        assert float(rows[design, policy]["ttft_ms_p99"]) == pytest.approx(report[name]["ttft_ms_p99"], rel=1e-9)
