@@ -9,8 +9,7 @@ stored (the acceptance: it replays nothing and exits in seconds). ``--ray`` adds
 Every run's ``results.csv`` must be identical (the script fails otherwise). The load average before and
 after each run is printed: the speed-up only means something on a quiet machine.
 
-Default grid: examples/sweep_mooncake.toml (its trace path made absolute). Until ``kv_storage`` is a
-``cpkv simulate`` setting (issue 26), its ``kv_storage`` line is dropped and the table says so.
+Default grid: examples/sweep_mooncake.toml (its trace path made absolute).
 ``--quick``: a 16-point synthetic grid, illustrative costs (CI checks that the script runs).
 """
 
@@ -41,20 +40,14 @@ cost_model = "illustrative"
 """
 
 
-def prepared_grid(path: Path, tmp: Path) -> tuple[Path, str]:
-    """The grid to run (trace made absolute; ``kv_storage`` dropped while cpkv simulate lacks it) and a note."""
-    from cpkv.sweep.grid import grid_keys
-
+def prepared_grid(path: Path, tmp: Path) -> Path:
+    """The grid to run: ``path`` with its trace path made absolute, written under ``tmp``."""
     text = path.read_text()
     base = path.parent
     text = re.sub(r'^(trace\s*=\s*)"([^"]+)"', lambda m: f'{m[1]}"{(base / m[2]).resolve()}"', text, flags=re.M)
-    note = ""
-    if "kv_storage" not in grid_keys():
-        text = "\n".join(line for line in text.splitlines() if not line.startswith("kv_storage"))
-        note = " (kv_storage dropped: not a cpkv simulate setting on this tree yet)"
     out = tmp / path.name
     out.write_text(text)
-    return out, note
+    return out
 
 
 def run(grid: Path, out: Path, workers: int, executor: str) -> dict:
@@ -87,7 +80,7 @@ def main() -> None:
             grid, note = tmp / "quick.toml", " (quick: synthetic, illustrative)"
             grid.write_text(QUICK)
         else:
-            grid, note = prepared_grid(args.grid, tmp)
+            grid, note = prepared_grid(args.grid, tmp), ""
         order = [("local", w) for w in counts] + ([("ray", max(counts))] if args.ray else [])
         runs = [run(grid, tmp / f"out-{r}-{executor}-{w}", w, executor)
                 for r in range(args.rounds) for executor, w in order]  # fmt: skip
