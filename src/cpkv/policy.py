@@ -117,8 +117,10 @@ def balanced_phase(free: list[int], transient: list[int], m: int, rotation: int,
             while free[f] != most:
                 f = f + 1 if f + 1 < C else 0
             transient[f] += 1
-        else:  # keeps it: most free + transient pages among the lanes with a free page (criterion 0)
-            fits = any(v > 0 for v in free)
+        else:  # keeps it: most free + transient pages among the lanes with a free page (criterion 0: a
+            # phase fits when its lane has a free page and no lane is short; an over-committed lane, left by
+            # an earlier request of a batch that cannot fit, lets no phase fit)
+            fits = min(free) >= 0 and max(free) > 0
             best, f = None, rotation
             for d in range(C):
                 j = (rotation + d) % C

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import oracle
 from cpkv import CPConfig
-from cpkv.policy import balanced_phases, follows_free_pages, one_page_lanes, rotation_phase
+from cpkv.policy import balanced_phase, balanced_phases, follows_free_pages, one_page_lanes, rotation_phase
 
 pytestmark = [pytest.mark.unit]
 
@@ -64,3 +64,16 @@ def test_one_page_lanes_are_the_phase_of_each_one_page_request(C, P, policy, dat
     Es[rows] = 1 if E is None else E[rows]
     want = oracle.balanced_phases(L0.tolist(), Es.tolist(), C, P, free.tolist())
     assert lanes == [want[i] for i in rows]
+
+
+@pytest.mark.clause("C-BALANCED")
+def test_a_kept_page_with_an_over_committed_lane_follows_the_criteria():
+    """One kept page, C=4, free [0, 1, -1, 0] (lane 2 over-committed by an earlier request of a batch that
+    cannot fit), transient [0, 0, 0, 2]: no phase lets every lane fit, so criterion 0 filters nothing and
+    criterion 1 picks the lane with the most free + transient pages, lane 3 (g = 2), not lane 1, the only
+    lane with a free page (found by hypothesis: the one-page path filtered on the page's own lane only)."""
+    free, transient = [0, 1, -1, 0], [0, 0, 0, 2]
+    want = oracle.balanced_phase(0, 4, 4, 4, 0, free, transient)
+    assert want == 3 and balanced_phase(list(free), list(transient), 1, 0, False) == want
+    fits = [2, 1, 0, 0]  # no lane short: criterion 0 keeps lanes 0 and 1, the most free + transient wins
+    assert balanced_phase(list(fits), [0, 3, 0, 0], 1, 0, False) == oracle.balanced_phase(0, 4, 4, 4, 0, fits, [0, 3, 0, 0]) == 1
