@@ -162,7 +162,9 @@ def balanced_phase(
     g_r = free_r + t_r the chosen f maximises, in order: (0) whether min_r(free_r - n_r(f)) >= 0;
     (1) when sum_r k_r(f) > 0: min_r(g_r - k_r(f)), then sum_r k_r(f) * g_r; otherwise
     min_r(free_r - n_r(f)), then sum_r n_r(f) * free_r; (2) then it minimises (f - rotation phase) mod C.
-    Written from the SPEC text, one candidate at a time.
+    Written from the SPEC text, one candidate at a time, with the project's one recorded deviation
+    (gov C-BALANCED): a request of one new page that it keeps, when some lane is short (free < 0, left by
+    an earlier request of the batch) and some lane has a free page, fits where its own page's lane does.
     """
     C, P = cp_size, page_size
     t = list(transient) if transient is not None else [0] * C
@@ -177,6 +179,8 @@ def balanced_phase(
         kept = list(owners[:-1]) if (partial and owners) else list(owners)
         k = [kept.count(r) for r in range(C)]
         fits = min(free[r] - n[r] for r in range(C)) >= 0
+        if sum(n) == 1 and sum(k) == 1 and min(free) < 0 < max(free):  # the recorded deviation
+            fits = free[owners[0]] - 1 >= 0
         if sum(k) > 0:
             crit = (min(g[r] - k[r] for r in range(C)), sum(k[r] * g[r] for r in range(C)))
         else:

@@ -72,9 +72,11 @@ def test_a_kept_page_prefers_a_lane_with_a_free_page_when_another_lane_is_short(
     had, which the simulator's commit evicts for), transient [0, 0, 0, 2]. Criterion 0 read literally lets
     no phase fit, and criterion 1 would pick lane 3 (the most free + transient pages, the oracle's 3), whose
     only pages are transient ones the batch holds; the one-page path keeps the page on a lane with a free
-    page, lane 1 (the documented deviation, policy.balanced_phase). With no lane short both agree."""
+    page, lane 1 (the recorded deviation, gov C-BALANCED; the oracle holds it too). With no lane short
+    both readings agree."""
     free, transient = [0, 1, -1, 0], [0, 0, 0, 2]
-    assert oracle.balanced_phase(0, 4, 4, 4, 0, free, transient) == 3
-    assert balanced_phase(list(free), list(transient), 1, 0, False) == 1
+    assert balanced_phase(list(free), list(transient), 1, 0, False) == 1 == oracle.balanced_phase(0, 4, 4, 4, 0, free, transient)
+    g = [f + t for f, t in zip(free, transient, strict=True)]
+    assert max(range(4), key=g.__getitem__) == 3  # criterion 1 over every phase (the literal reading): lane 3
     fits = [2, 1, 0, 0]  # no lane short: criterion 0 keeps lanes 0 and 1, the most free + transient wins
     assert balanced_phase(list(fits), [0, 3, 0, 0], 1, 0, False) == oracle.balanced_phase(0, 4, 4, 4, 0, fits, [0, 3, 0, 0]) == 1
