@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import cost_extra
+from extras import COST
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +28,7 @@ SCRIPTS = [
     ),
     pytest.param(
         "bench_costs.py", [], "aiconfigurator ms",
-        marks=pytest.mark.skipif(not (cost_extra.INSTALLED or cost_extra.REQUIRED), reason="needs the cost extra"),
+        marks=pytest.mark.skipif(not (COST.installed or COST.required), reason="needs the cost extra"),
     ),
     ("bench_sweep.py", [], "speed-up vs 1"),
     pytest.param(

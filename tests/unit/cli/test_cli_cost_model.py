@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from cost_extra import require_cost_extra
 from cpkv.cli import main
+from extras import COST
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-COST")]
 
@@ -52,7 +52,7 @@ def test_measured_only_flags_with_the_illustrative_model_exit_2(tmp_path, capsys
 
 
 def test_measured_default_writes_its_provenance(tmp_path, capsys):
-    require_cost_extra()
+    COST.require()
     out = tmp_path / "o"
     assert main([*SMALL, "--out", str(out)]) == 0
     table = capsys.readouterr().out
@@ -80,7 +80,7 @@ def test_measured_default_writes_its_provenance(tmp_path, capsys):
 )
 def test_measured_errors_are_one_line_before_any_replay(argv, message, tmp_path, capsys):
     if "--gpu" in argv:
-        require_cost_extra()
+        COST.require()
     out = tmp_path / "o"
     assert main([*SMALL, *argv, "--out", str(out)]) == 2
     err = capsys.readouterr().err

@@ -1,14 +1,14 @@
-"""Fixtures of the measured cost model's tests (``tests/cost_extra.py`` decides whether they run)."""
+"""Fixtures of the measured cost model's tests (``tests/extras.py`` decides whether they run)."""
 
 import pytest
 
-from cost_extra import require_cost_extra
+from extras import COST
 
 
 @pytest.fixture(scope="session")
 def aic():
     """Skip (or, under CPKV_REQUIRE_COST=1, fail) unless aiconfigurator is installed."""
-    require_cost_extra()
+    COST.require()
 
 
 @pytest.fixture(scope="session")

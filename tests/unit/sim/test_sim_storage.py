@@ -10,7 +10,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cost_extra import require_cost_extra
 from cpkv.cli import main
 from cpkv.errors import ConfigError
 from cpkv.sim.config import KV_STORAGE_DESIGNS, SimConfig, check_designs
@@ -21,6 +20,7 @@ from cpkv.sim.storage import build_storage
 from cpkv.sim.storage.recompute import RecomputeCounter
 from cpkv.sim.trace import Request, prompt_token_ids
 from cpkv.sim.workload import build_workload
+from extras import COST
 from sim_workloads import workloads
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-STORAGE")]
@@ -243,7 +243,7 @@ def test_traffic_of_every_step_matches_the_token_oracle(design):
 
 
 def test_measured_model_prices_the_all_gather_from_its_nccl_tables():
-    require_cost_extra()
+    COST.require()
     from cpkv.cost import MeasuredCost, MeasuredSpec
     from cpkv.sim.storage.traffic import KVTraffic
 

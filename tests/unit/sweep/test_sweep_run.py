@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-import ray_extra
 from cpkv.cli import main
 from cpkv.sim.config import SimConfig
 from cpkv.sweep import run as sweep_run
 from cpkv.sweep.grid import read_grid
 from cpkv.sweep.plan import plan_sweep
 from cpkv.sweep.point import point_key
+from extras import RAY
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +56,7 @@ def _sweep(grid: Path, out: Path, *extra: str) -> int:
 
 @pytest.mark.slow
 def test_local_and_ray_give_identical_results(tmp_path):
-    ray_extra.require_ray()
+    RAY.require()
     grid = _grid(tmp_path)
     assert _sweep(grid, tmp_path / "local", "--workers", "2") == 0
     assert _sweep(grid, tmp_path / "ray", "--executor", "ray", "--workers", "2") == 0
