@@ -1,11 +1,15 @@
 """``cpkv sweep`` wall time with 1 and 2 workers (and Ray), and a re-run that finds every point stored.
 
-    python benchmarks/bench_sweep.py [--quick] [--grid FILE] [--workers 1,2] [--rounds N] [--ray] [--json PATH]
+    python benchmarks/bench_sweep.py [--quick] [--grid FILE] [--workers 1,2] [--rounds N] [--ray [--ray-address ADDR]]
+                                     [--json PATH]
 
 Runs the real CLI in a child process, exactly ``cpkv sweep GRID --out DIR --no-progress --workers W``
 (each run into a fresh DIR, so every point is replayed), for each worker count in turn, ``--rounds`` times
 alternated (1, 2, 1, 2, ...); then the same command once more into the last DIR, where every point is
-stored (the acceptance: it replays nothing and exits in seconds). ``--ray`` adds ``--executor ray`` runs.
+stored (the acceptance: it replays nothing and exits in seconds). ``--ray`` adds ``--executor ray`` runs
+at the same worker counts (a Ray it starts itself: about 5 s of its own start and stop in every run;
+``--ray-address`` a running one, e.g. ``ray start --head --num-cpus 2`` and ``auto``).
+Each run's speed-up is against the median wall time of its own executor with the first worker count.
 Every run's ``results.csv`` must be identical (the script fails otherwise). The load average before and
 after each run is printed: the speed-up only means something on a quiet machine.
 
@@ -50,10 +54,12 @@ def prepared_grid(path: Path, tmp: Path) -> Path:
     return out
 
 
-def run(grid: Path, out: Path, workers: int, executor: str) -> dict:
+def run(grid: Path, out: Path, workers: int, executor: str, ray_address: str | None = None) -> dict:
     """One child ``cpkv sweep``: wall time, load averages, its summary line and results.csv."""
     cmd = [sys.executable, "-m", "cpkv.cli", "sweep", str(grid), "--out", str(out), "--no-progress",
            "--workers", str(workers), "--executor", executor]  # fmt: skip
+    if executor == "ray" and ray_address:
+        cmd += ["--ray-address", ray_address]
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -72,6 +78,7 @@ def main() -> None:
     p.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--ray", action="store_true", help="also run --executor ray")
+    p.add_argument("--ray-address", help="the Ray runs join this cluster (default: each starts its own)")
     args = p.parse_args()
     counts = [int(w) for w in args.workers.split(",")]
     with tempfile.TemporaryDirectory() as tmp_dir:
@@ -81,20 +88,27 @@ def main() -> None:
             grid.write_text(QUICK)
         else:
             grid, note = prepared_grid(args.grid, tmp), ""
-        order = [("local", w) for w in counts] + ([("ray", max(counts))] if args.ray else [])
-        runs = [run(grid, tmp / f"out-{r}-{executor}-{w}", w, executor)
+        order = [(executor, w) for executor in ("local", "ray")[: 1 + args.ray] for w in counts]
+        runs = [run(grid, tmp / f"out-{r}-{executor}-{w}", w, executor, args.ray_address)
                 for r in range(args.rounds) for executor, w in order]  # fmt: skip
         again = run(grid, tmp / f"out-{args.rounds - 1}-local-{counts[-1]}", counts[-1], "local")
     if len({x["csv"] for x in runs + [again]}) != 1:
         sys.exit("results.csv differs between runs")
-    base = statistics.median(x["wall_s"] for x in runs if x["workers"] == counts[0] and x["executor"] == "local")
-    rows = [[x["executor"], x["workers"], x["wall_s"], base / x["wall_s"], x["load_before"], x["load_after"],
-             x["summary"]] for x in runs]  # fmt: skip
+    def median_wall(executor: str, workers: int) -> float:
+        return statistics.median(x["wall_s"] for x in runs if x["workers"] == workers and x["executor"] == executor)
+
+    base = {executor: median_wall(executor, counts[0]) for executor, _ in order}
+    rows = [[x["executor"], x["workers"], x["wall_s"], base[x["executor"]] / x["wall_s"], x["load_before"],
+             x["load_after"], x["summary"]] for x in runs]  # fmt: skip
     rows.append(["local (re-run)", again["workers"], again["wall_s"], "-", again["load_before"], again["load_after"],
                  again["summary"]])  # fmt: skip
     print_table(f"cpkv sweep {args.grid.name if not args.quick else 'quick'}{note}; results.csv identical in every run",
-                ["executor", "workers", "wall s", f"speed-up vs {counts[0]}", "load before", "load after", "sweep"],
-                rows)  # fmt: skip
+                ["executor", "workers", "wall s", f"speed-up vs {counts[0]} (same executor)", "load before",
+                 "load after", "sweep"], rows)  # fmt: skip
+    for executor, w in dict.fromkeys(order):
+        if w != counts[0]:
+            print(f"{executor}: median wall {median_wall(executor, counts[0]):.1f} s with {counts[0]} worker(s), "
+                  f"{median_wall(executor, w):.1f} s with {w}: speed-up {base[executor] / median_wall(executor, w):.2f}x")
     write_json(args.json, {"quick": args.quick, "note": note,
                            "runs": [{k: v for k, v in x.items() if k != "csv"} for x in runs + [again]]})  # fmt: skip
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib import import_module, metadata
 
 import numpy as np
@@ -150,61 +150,108 @@ def _curve(fn, sizes: np.ndarray = SIZES) -> Curve:
     return Curve(np.r_[0, sizes], [0.0, *(fn(int(n)) for n in sizes)])
 
 
-def _collective_sampler(engine: _Engine, core_ops):
-    """``CommCost``'s sampler: aiconfigurator's NCCL op over whole-buffer sizes (16-bit elements)."""
+def _sample_collective(spec: MeasuredSpec, op: str, num_gpus: int, elements: np.ndarray) -> np.ndarray:
+    """``CommCost``'s sampler (bound to ``spec`` with ``functools.partial``: picklable, so tables travel to
+    other processes): aiconfigurator's NCCL op over whole-buffer sizes (16-bit elements)."""
     from aiconfigurator_core.sdk import common
+    from aiconfigurator_core.sdk import operations as core_ops
 
-    def sample(op: str, num_gpus: int, elements: np.ndarray) -> np.ndarray:
-        spec = core_ops.NCCL(op, 1, op, 1, num_gpus, common.CommQuantMode.half)
-        ops_json = import_module("aiconfigurator_core.sdk.engine").build_ops_json([spec])
-        what = f"{engine.what}: NCCL {op} over {num_gpus} GPUs"
-        return np.array([_guard(what, engine.handle.evaluate_ops_json, ops_json, is_context=True, batch_size=1,
-                                s=int(n))[0][1] for n in elements])  # fmt: skip
-
-    return sample
+    engine = _one_gpu_engine(spec)
+    nccl = core_ops.NCCL(op, 1, op, 1, num_gpus, common.CommQuantMode.half)
+    ops_json = import_module("aiconfigurator_core.sdk.engine").build_ops_json([nccl])
+    what = f"{engine.what}: NCCL {op} over {num_gpus} GPUs"
+    return np.array([_guard(what, engine.handle.evaluate_ops_json, ops_json, is_context=True, batch_size=1,
+                            s=int(n))[0][1] for n in elements])  # fmt: skip
 
 
 @lru_cache(maxsize=8)
+def _one_gpu_engine(spec: MeasuredSpec) -> _Engine:
+    """The model on one GPU (its parallel widths are 1 whatever ``spec.ep_size``)."""
+    return _Engine(spec, 1, 1)
+
+
+_PRICED: dict[tuple[MeasuredSpec, int], PriceTables] = {}
+
+
 def price_tables(spec: MeasuredSpec, cp_size: int) -> PriceTables:
-    """The measured price tables of a group of ``cp_size`` GPUs (about 0.5 s the first time, then cached).
+    """The measured price tables of a group of ``cp_size`` GPUs (1.5-2 s the first time in a process, then
+    kept; the one-GPU part is shared by every ``cp_size``, so a further one takes milliseconds). The
+    group's all-gather over ``cp_size`` GPUs is sampled too, so the tables price every step without
+    aiconfigurator in another process (``install_tables``).
 
     Raises:
         CostExtraMissing: aiconfigurator is not installed.
         CostModelError: aiconfigurator has no measurement for ``spec`` at this ``cp_size`` / ``ep_size``,
             or the model is not a DeepSeek sparse-attention model.
     """
+    tables = _PRICED.get((spec, cp_size))
+    if tables is None:
+        tables = _PRICED[spec, cp_size] = _price_tables(spec, cp_size)
+    return tables
+
+
+def priced_tables() -> dict[tuple[MeasuredSpec, int], PriceTables]:
+    """Every table this process has priced, by ``(spec, cp_size)`` (picklable: what a sweep ships to its
+    workers)."""
+    return dict(_PRICED)
+
+
+def install_tables(tables: dict[tuple[MeasuredSpec, int], PriceTables]) -> None:
+    """Make ``tables`` (``priced_tables()`` of another process) what ``price_tables`` returns here, so a
+    worker prices steps without sampling aiconfigurator again."""
+    _PRICED.update(tables)
+
+
+def _price_tables(spec: MeasuredSpec, cp_size: int) -> PriceTables:
+    """Sample the tables: on one GPU everything, in a group only the MoE block and its dispatch over the
+    group's GPUs (the one-GPU tables, ``price_tables(spec without ep_size, 1)``, shared)."""
     ep = spec.ep_for(cp_size)
-    one = _Engine(spec, 1, 1)
-    group = one if cp_size == 1 else _Engine(spec, cp_size, ep)
-    attention_op = one.op("context", "attention")
-    layers, topk = int(attention_op["scale_factor"]), int(attention_op["index_topk"])
-    hidden = int(one.op("context", "per_token")["hidden_size"])
-    from aiconfigurator_core.sdk import operations as core_ops
+    one_spec = replace(spec, ep_size=None)  # one GPU: no expert parallelism
+    one = _one_gpu_engine(one_spec)
+    if spec == one_spec and cp_size == 1:
+        tables = _one_gpu_tables(one_spec, one)
+    else:
+        tables = price_tables(one_spec, 1)
+        if cp_size == 1:
+            return tables
+        group = _Engine(spec, cp_size, ep)
+        tables = replace(
+            tables, cp_size=cp_size, ep_size=ep, moe_tp_size=cp_size // ep,
+            group=_curve(lambda n: group.context("group", n)),
+            dispatch=_curve(lambda n: group.context("dispatch", n)),
+            gen_group=_curve(lambda b: group.generation("group", b, 1), DECODE_BATCH),
+        )  # fmt: skip
+        tables.comm.curve("all_gather", cp_size)  # the gather-back's and the KV designs' collective
+    return replace(tables, provenance=_provenance(spec, one, tables))
+
+
+def _one_gpu_tables(spec: MeasuredSpec, one: _Engine) -> PriceTables:
+    """Every table of the model on one GPU (``cp_size`` 1)."""
     from aiconfigurator_core.sdk.operations.dsa import DSA_MODEL_DIMS
 
+    attention_op = one.op("context", "attention")
     dims = DSA_MODEL_DIMS[attention_op["architecture"]]
-    kv_row = (dims["kv_lora_rank"] + dims["qk_rope_head_dim"]) * 2 + dims["index_head_dim"] + 4
     attention = np.array([[one.context("attention", s, p) for p in PREFIXES] for s in SIZES])
     gen_attention = np.array([[one.generation("attention", b, L) for L in SIZES] for b in DECODE_BATCH])
     # The indexer's share: the module's cost per extra key at long contexts (8,192 queries after 64k and
     # 128k keys, both measured), per logits element.
     far = one.context("attention", 8192, 131072) - one.context("attention", 8192, 65536)
-    tables = PriceTables(
-        cp_size=cp_size, ep_size=ep, moe_tp_size=cp_size // ep, num_layers=layers, hidden_size=hidden,
-        index_topk=topk, kv_row_bytes=kv_row,
+    return PriceTables(
+        cp_size=1, ep_size=1, moe_tp_size=1, num_layers=int(attention_op["scale_factor"]),
+        hidden_size=int(one.op("context", "per_token")["hidden_size"]), index_topk=int(attention_op["index_topk"]),
+        kv_row_bytes=(dims["kv_lora_rank"] + dims["qk_rope_head_dim"]) * 2 + dims["index_head_dim"] + 4,
         attention=Surface(SIZES, PREFIXES, attention),
         per_token=_curve(lambda n: one.context("per_token", n)),
-        group=_curve(lambda n: group.context("group", n)),
-        dispatch=_curve(lambda n: group.context("dispatch", n)),
+        group=_curve(lambda n: one.context("group", n)),
+        dispatch=_curve(lambda n: one.context("dispatch", n)),
         logits=_curve(lambda n: one.context("logits", 1, x=n)),
         gen_attention=Surface(DECODE_BATCH, SIZES, gen_attention),
         gen_per_token=_curve(lambda b: one.generation("per_token", b, 1), DECODE_BATCH),
-        gen_group=_curve(lambda b: group.generation("group", b, 1), DECODE_BATCH),
+        gen_group=_curve(lambda b: one.generation("group", b, 1), DECODE_BATCH),
         gen_logits=_curve(lambda b: one.generation("logits", b, 1), DECODE_BATCH),
         indexer_ms_per_element=max(far, 0.0) / (8192 * 65536),
-        comm=CommCost(_collective_sampler(one, core_ops)),
+        comm=CommCost(partial(_sample_collective, spec)),
     )  # fmt: skip
-    return replace(tables, provenance=_provenance(spec, one, tables))
 
 
 def _provenance(spec: MeasuredSpec, one: _Engine, tables: PriceTables) -> dict:

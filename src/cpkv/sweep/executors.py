@@ -1,12 +1,12 @@
 """Where a sweep's points run: ``local`` (a process pool over this machine's cores, the standard library)
 or ``ray`` (Ray actors on a local Ray or an existing cluster; the optional ``ray`` extra).
 
-Either way the workloads travel to each worker once (the pool's initializer: once per process; Ray: one
-object in the object store that every actor reads once), then only ``PointTask`` records go out and
-result dicts (``point.run_task``) come back; ``on_result(task, result)`` runs in the driver as each
-arrives. A worker lost under a point (killed, out of memory, a node gone) gives that point
-``status: "lost"``, which is not stored, so a re-run retries it. Ctrl-C stops every worker and raises
-KeyboardInterrupt.
+Either way the ``Shipment`` (the workloads and the driver's measured price tables) travels to each worker
+once (the pool's initializer: once per process; Ray: one object in the object store that every actor
+reads once), then only ``PointTask`` records go out and result dicts (``point.run_task``) come back;
+``on_result(task, result)`` runs in the driver as each arrives. A worker lost under a point (killed, out
+of memory, a node gone) gives that point ``status: "lost"``, which is not stored, so a re-run retries it.
+Ctrl-C stops every worker and raises KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
 from ..cli.options import InputError
-from .point import PointTask, one_line, run_task
+from .point import PointTask, Shipment, one_line, run_task
 
 EXECUTORS = ("local", "ray")
 
@@ -26,7 +26,7 @@ OnResult = Callable[[PointTask, dict], None]
 
 RAY_OBJECT_STORE_BYTES = 256 * 2**20
 """Object store of a Ray that the sweep starts itself (Ray's default is 30 % of the machine's memory):
-it holds the workloads once (the full Mooncake trace is about 4 MB pickled)."""
+it holds the shipment once (the full Mooncake trace is about 4 MB pickled, the measured tables 50 kB)."""
 
 _WORKLOADS: dict = {}  # a pool worker's workloads, set once by its initializer
 
@@ -38,17 +38,17 @@ def lost(task: PointTask, e: BaseException) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- local
-def _init_worker(workloads: dict) -> None:
-    """Pool initializer: keep the workloads; leave Ctrl-C to the driver, which stops the pool."""
+def _init_worker(shipment: Shipment) -> None:
+    """Pool initializer: unpack the shipment; leave Ctrl-C to the driver, which stops the pool."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKLOADS.update(workloads)
+    _WORKLOADS.update(shipment.unpack())
 
 
 def _run(task: PointTask) -> dict:
     return run_task(task, _WORKLOADS)
 
 
-def run_local(tasks: Sequence[PointTask], workloads: dict, workers: int | None, on_result: OnResult) -> None:
+def run_local(tasks: Sequence[PointTask], shipment: Shipment, workers: int | None, on_result: OnResult) -> None:
     """Replay ``tasks`` on ``workers`` spawned processes (default ``cpu_count()``, at most one per task).
 
     ``spawn`` (not ``fork``): the driver runs a progress thread, and a forked child of a threaded process
@@ -62,7 +62,7 @@ def run_local(tasks: Sequence[PointTask], workloads: dict, workers: int | None, 
     ctx = multiprocessing.get_context("spawn")
     before = {p.pid for p in multiprocessing.active_children()}
     pool = ProcessPoolExecutor(max_workers=max(1, min(workers or cpu_count(), len(tasks))), mp_context=ctx,
-                               initializer=_init_worker, initargs=(workloads,))  # fmt: skip
+                               initializer=_init_worker, initargs=(shipment,))  # fmt: skip
     try:
         with _sigint_ignored():  # the workers start (at the first submit) ignoring a terminal's Ctrl-C
             futures = {pool.submit(_run, t): t for t in tasks}
@@ -105,10 +105,10 @@ def _sigint_ignored():
 
 # ------------------------------------------------------------------------------------------------- ray
 class PointWorker:
-    """A Ray actor that keeps the workloads (read once from the object store) and replays points."""
+    """A Ray actor that unpacks the shipment (read once from the object store) and replays points."""
 
-    def __init__(self, workloads: dict) -> None:
-        self.workloads = workloads
+    def __init__(self, shipment: Shipment) -> None:
+        self.workloads = shipment.unpack()
 
     def run(self, task: PointTask) -> dict:
         """``point.run_task`` of ``task``."""
@@ -124,7 +124,7 @@ def import_ray():
     return ray
 
 
-def run_ray(tasks: Sequence[PointTask], workloads: dict, workers: int | None, address: str | None,
+def run_ray(tasks: Sequence[PointTask], shipment: Shipment, workers: int | None, address: str | None,
             on_result: OnResult) -> None:  # fmt: skip
     """Replay ``tasks`` on Ray actors, one CPU each: ``workers`` of them (default: the cluster's CPUs, at
     most one per task). ``address``: an existing cluster (``ray start --head`` prints it; ``auto`` finds
@@ -144,7 +144,7 @@ def run_ray(tasks: Sequence[PointTask], workloads: dict, workers: int | None, ad
     actors: list = []
     try:
         n = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        ref = ray.put(workloads)
+        ref = ray.put(shipment)
         actor_class = ray.remote(num_cpus=1)(PointWorker)
         actors = [actor_class.remote(ref) for _ in range(min(n, len(tasks)))]
         queue = list(reversed(tasks))

@@ -36,13 +36,16 @@ class SweepPlan:
     """``rows``: one per point, in grid order (``point``, ``status`` None until known, ``error``, the config
     columns, ``gpus``; private ``_settings`` as written, ``_config``, ``_sim_config``, ``_provenance``,
     ``key``); ``tasks``: key -> ``PointTask`` (one per distinct key); ``workloads``: digest -> spec;
-    ``config_columns``: the config column names, in order."""
+    ``config_columns``: the config column names, in order; ``provenances``: each cost model's;
+    ``price_tables``: the measured tables the points use, by ``(MeasuredSpec, cp_size)`` (priced here once,
+    shipped to the workers with the workloads)."""
 
     rows: list[dict]
     tasks: dict[str, PointTask]
     workloads: dict
     config_columns: list[str]
     provenances: list[dict] = field(default_factory=list)
+    price_tables: dict = field(default_factory=dict)
 
 
 def config_columns() -> list[str]:
@@ -112,7 +115,10 @@ def plan_sweep(grid: Grid) -> SweepPlan:
             config = config_of(options, spec)
             cost_id = (config.measured, config.cp_size, config.cost)
             if cost_id not in provenance_of:
-                provenance_of[cost_id] = step_cost(config).provenance()
+                cost = step_cost(config)
+                provenance_of[cost_id] = cost.provenance()
+                if config.measured is not None:
+                    plan.price_tables[config.measured, config.cp_size] = cost.tables
             provenance = provenance_of[cost_id]
         except CostExtraMissing:
             raise

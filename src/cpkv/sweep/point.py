@@ -14,7 +14,7 @@ import hashlib
 import importlib.metadata
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import click
 import msgspec
@@ -45,6 +45,24 @@ class PointTask:
     groups: int
     routing: str
     kv_storage: str = OWNER_LANE
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """What every worker receives once, before any ``PointTask``: ``workloads`` (digest -> ``WorkloadSpec``)
+    and ``price_tables`` (the measured tables the driver priced, ``(MeasuredSpec, cp_size)`` ->
+    ``PriceTables``: a worker prices steps without sampling aiconfigurator again, about 2 s each)."""
+
+    workloads: dict
+    price_tables: dict = field(default_factory=dict)
+
+    def unpack(self) -> dict:
+        """In the worker: install the price tables (``cost.aic.install_tables``); return the workloads."""
+        if self.price_tables:
+            from ..cost.aic import install_tables
+
+            install_tables(self.price_tables)
+        return self.workloads
 
 
 def simulate_options(workload: dict, values: dict[str, object]) -> dict:

@@ -19,7 +19,7 @@ from .columns import TIMING_FIELDS
 from .executors import run_local, run_ray
 from .grid import Grid
 from .plan import SweepPlan, plan_sweep
-from .point import CPKV_VERSION
+from .point import CPKV_VERSION, Shipment
 from .results import designs, metric_fields, print_summary, results_csv, results_json, summary_csv
 
 OUTPUT_FILES = ("results.csv", "results.json", "summary.csv", "pareto.png", "hit_rate.png")
@@ -79,6 +79,9 @@ def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | 
             records[key] = record
     stored = len(records)
     todo = [t for k, t in plan.tasks.items() if k not in records]
+    # Longest first, so the workers finish together: a point of more groups replays more steps (each group's
+    # replay its own). Stable: grid order otherwise. The results do not depend on the order.
+    todo.sort(key=lambda t: -t.groups)
     load_plotting()  # before any replay: a Ctrl-C inside a first import would leave it half-imported
     columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
                rp.TextColumn("[red]{task.fields[failed]} failed"), rp.TextColumn("ETA"), rp.TimeRemainingColumn(),
@@ -133,9 +136,9 @@ def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | 
     return outcome
 
 
-def _needed(plan: SweepPlan, todo: list) -> dict:
-    """The workloads the tasks to run read (shipped to every worker once)."""
-    return {d: plan.workloads[d] for d in dict.fromkeys(t.workload for t in todo)}
+def _needed(plan: SweepPlan, todo: list) -> Shipment:
+    """What every worker receives once: the workloads the tasks to run read and the plan's price tables."""
+    return Shipment({d: plan.workloads[d] for d in dict.fromkeys(t.workload for t in todo)}, plan.price_tables)
 
 
 def _load(path: Path, key: str) -> dict | None:

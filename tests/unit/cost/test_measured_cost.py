@@ -3,6 +3,9 @@ SGLang tables: its composition against a plan-independent reference, aiconfigura
 C=1, the measured rows it reads, monotone work, decode, provenance and errors."""
 
 import importlib.resources
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -194,3 +197,43 @@ def test_what_cannot_be_priced_is_one_typed_error(aic, spec, cp_size, message):
 
     with pytest.raises(CostModelError, match=message):
         MeasuredCost.load(MeasuredSpec(**spec), cp_size)
+
+
+def test_every_group_shares_the_one_gpu_tables_and_prices_its_own_moe(measured):
+    four, eight = measured(4).tables, measured(8).tables
+    for name in ("attention", "per_token", "logits", "gen_attention", "gen_per_token", "gen_logits", "comm"):
+        assert getattr(four, name) is getattr(eight, name), name  # sampled once per process
+    assert measured(4, ep_size=2).tables.attention is four.attention  # one GPU: no expert parallelism
+    assert not np.array_equal(four.group.y, eight.group.y)  # the MoE over 4 and over 8 GPUs
+
+
+def test_tables_travel_to_a_fresh_interpreter_and_price_the_same_there(measured, tmp_path):
+    """What a sweep ships to its workers (``aic.priced_tables`` -> ``install_tables``): the pickled tables
+    price a step and the group's all-gather exactly as here without importing aiconfigurator; a collective
+    the tables have not sampled yet (reduce-scatter over 2 GPUs) is sampled there on first use."""
+    import pickle
+
+    from cpkv.cost.aic import priced_tables
+
+    cost = measured(4)
+    plan = plan_batch([1024, 0], [5000, 300], CPConfig(4, 64, "balanced"))
+    here = [cost.step_work(plan).tolist(), cost.comm.allgather_ms(2**20, 4)]
+    (tmp_path / "tables.pkl").write_bytes(pickle.dumps(priced_tables()))
+    child = f"""
+import json, pickle, sys
+from cpkv.config import CPConfig
+from cpkv.cost import MeasuredCost, MeasuredSpec
+from cpkv.cost.aic import install_tables
+from cpkv.planner import plan_batch
+install_tables(pickle.loads(open({str(tmp_path / "tables.pkl")!r}, "rb").read()))
+cost = MeasuredCost.load(MeasuredSpec(), 4)
+plan = plan_batch([1024, 0], [5000, 300], CPConfig(4, 64, "balanced"))
+out = [cost.step_work(plan).tolist(), cost.comm.allgather_ms(2**20, 4), "aiconfigurator_core" in sys.modules]
+out.append(cost.comm.reduce_scatter_ms(2**20, 2))
+print(json.dumps(out))
+"""
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    work, allgather, imported, reduce_scatter = json.loads(proc.stdout)
+    assert [work, allgather] == here and imported is False
+    assert reduce_scatter == cost.comm.reduce_scatter_ms(2**20, 2) > 0

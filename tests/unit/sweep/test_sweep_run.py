@@ -19,7 +19,7 @@ from cpkv.sweep import run as sweep_run
 from cpkv.sweep.grid import read_grid
 from cpkv.sweep.plan import plan_sweep
 from cpkv.sweep.point import point_key
-from extras import RAY
+from extras import COST, RAY
 
 pytestmark = pytest.mark.unit
 
@@ -222,3 +222,36 @@ def test_a_storage_axis_replays_each_design_as_simulate_does(tmp_path):
         for field in ("cache_hit_tokens", "prefill_tokens", "evicted_pages", "kv_capacity_tokens"):
             assert int(rows[design, policy][field]) == report[name][field], (design, field)
         assert float(rows[design, policy]["ttft_ms_p99"]) == pytest.approx(report[name]["ttft_ms_p99"], rel=1e-9)
+
+
+@pytest.mark.clause("C-COST")
+def test_workers_price_with_the_drivers_tables(tmp_path):
+    """The driver prices each cp_size's measured tables once and ships them with the workloads: a worker
+    process replays its points without importing aiconfigurator, with the driver's own results."""
+    COST.require()
+    import pickle
+
+    from cpkv.cost import MeasuredSpec
+    from cpkv.sweep.point import Shipment, run_task
+
+    text = GRID.replace('cost_model = "illustrative"', "").replace("groups = [1, 2]", "groups = 1")
+    plan = plan_sweep(read_grid(_grid(tmp_path, text.replace("max_requests = 16", "max_requests = 6"))))
+    assert set(plan.price_tables) == {(MeasuredSpec(), 2), (MeasuredSpec(), 4)}
+    tasks = [t for t in plan.tasks.values() if t.config.pages_per_lane == 300 and t.policy == "balanced"]
+    (tmp_path / "shipment.pkl").write_bytes(pickle.dumps((Shipment(plan.workloads, plan.price_tables), tasks)))
+    child = f"""
+import json, pickle, sys
+from cpkv.sweep.point import run_task
+shipment, tasks = pickle.loads(open({str(tmp_path / "shipment.pkl")!r}, "rb").read())
+workloads = shipment.unpack()
+out = [run_task(t, workloads)["metrics"] for t in tasks]
+print(json.dumps([out, "aiconfigurator_core" in sys.modules]))
+"""
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    there, imported = json.loads(proc.stdout)
+    here = [run_task(t, plan.workloads)["metrics"] for t in tasks]
+    assert len(here) == 2 and imported is False
+    for a, b in zip(here, there, strict=True):
+        a.pop("sim_wall_s"), b.pop("sim_wall_s")
+        assert json.loads(json.dumps(a)) == b
