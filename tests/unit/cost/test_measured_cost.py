@@ -209,8 +209,9 @@ def test_every_group_shares_the_one_gpu_tables_and_prices_its_own_moe(measured):
 
 def test_tables_travel_to_a_fresh_interpreter_and_price_the_same_there(measured, tmp_path):
     """What a sweep ships to its workers (``aic.priced_tables`` -> ``install_tables``): the pickled tables
-    price a step and the group's all-gather exactly as here without importing aiconfigurator; a collective
-    the tables have not sampled yet (reduce-scatter over 2 GPUs) is sampled there on first use."""
+    price a step and the group's all-gather exactly as here without importing aiconfigurator; any other
+    collective (reduce-scatter over 2 GPUs) prices the same there, sampled on first use if no test here
+    sampled it before."""
     import pickle
 
     from cpkv.cost.aic import priced_tables
