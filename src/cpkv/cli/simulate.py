@@ -161,7 +161,9 @@ def measured_spec(cost_model: str, gpu, model, backend, ep_size):
     if cost_model == "illustrative":
         extra = [flag for flag, v in given.items() if v is not None]
         if extra:
-            raise InputError(f"{', '.join(extra)} only apply to --cost-model measured; drop them or use it")
+            verb, them = ("applies", "it") if len(extra) == 1 else ("apply", "them")
+            raise InputError(f"{', '.join(extra)} {verb} only to --cost-model measured: drop {them} or use "
+                             "--cost-model measured")  # fmt: skip
         return None
     return MeasuredSpec(gpu=gpu or DEFAULT_GPU, model=model or DEFAULT_MODEL, backend=backend or DEFAULT_BACKEND,
                         ep_size=ep_size)  # fmt: skip

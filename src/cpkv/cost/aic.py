@@ -198,7 +198,8 @@ def priced_tables() -> dict[tuple[MeasuredSpec, int], PriceTables]:
 
 def install_tables(tables: dict[tuple[MeasuredSpec, int], PriceTables]) -> None:
     """Make ``tables`` (``priced_tables()`` of another process) what ``price_tables`` returns here, so a
-    worker prices steps without sampling aiconfigurator again."""
+    worker prices steps without sampling aiconfigurator again. Keyed by the exact ``(spec, cp_size)``:
+    ``MeasuredSpec(ep_size=2)`` is not ``MeasuredSpec()`` even where the widths agree (it samples)."""
     _PRICED.update(tables)
 
 

@@ -48,7 +48,10 @@ def test_measured_only_flags_with_the_illustrative_model_exit_2(tmp_path, capsys
     assert main([*SMALL, "--cost-model", "illustrative", "--gpu", "b200_sxm", "--ep-size", "2",
                  "--out", str(tmp_path / "o")]) == 2  # fmt: skip
     err = capsys.readouterr().err
-    assert err == "cpkv: error: --gpu, --ep-size only apply to --cost-model measured; drop them or use it\n"
+    assert err == "cpkv: error: --gpu, --ep-size apply only to --cost-model measured: drop them or use --cost-model measured\n"
+    assert main([*SMALL, "--cost-model", "illustrative", "--ep-size", "2", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("cpkv: error: --ep-size applies only to --cost-model measured: drop it or use "
+                                       "--cost-model measured\n")  # fmt: skip
 
 
 def test_measured_default_writes_its_provenance(tmp_path, capsys):
