@@ -190,46 +190,37 @@ def price_tables(spec: MeasuredSpec, cp_size: int) -> PriceTables:
     return tables
 
 
-def priced_tables() -> dict[tuple[MeasuredSpec, int], PriceTables]:
-    """Every table this process has priced, by ``(spec, cp_size)`` (picklable: what a sweep ships to its
-    workers)."""
-    return dict(_PRICED)
-
-
 def install_tables(tables: dict[tuple[MeasuredSpec, int], PriceTables]) -> None:
-    """Make ``tables`` (``priced_tables()`` of another process) what ``price_tables`` returns here, so a
-    worker prices steps without sampling aiconfigurator again. Keyed by the exact ``(spec, cp_size)``:
-    ``MeasuredSpec(ep_size=2)`` is not ``MeasuredSpec()`` even where the widths agree (it samples)."""
+    """Make ``tables`` (``(spec, cp_size) -> PriceTables`` that another process priced; picklable) what
+    ``price_tables`` returns here, so a worker prices steps without sampling aiconfigurator again. Keyed
+    by the exact ``(spec, cp_size)``: ``MeasuredSpec(ep_size=2)`` is not ``MeasuredSpec()`` even where the
+    widths agree (it samples)."""
     _PRICED.update(tables)
 
 
 def _price_tables(spec: MeasuredSpec, cp_size: int) -> PriceTables:
     """Sample the tables: on one GPU everything, in a group only the MoE block and its dispatch over the
-    group's GPUs (the one-GPU tables, ``price_tables(spec without ep_size, 1)``, shared)."""
+    group's GPUs, on top of the one-GPU tables (``price_tables(spec without ep_size, 1)``, shared)."""
     ep = spec.ep_for(cp_size)
     one_spec = replace(spec, ep_size=None)  # one GPU: no expert parallelism
-    one = _one_gpu_engine(one_spec)
-    if spec == one_spec and cp_size == 1:
-        tables = _one_gpu_tables(one_spec, one)
-    else:
-        tables = price_tables(one_spec, 1)
-        if cp_size == 1:
-            return tables
-        group = _Engine(spec, cp_size, ep)
-        tables = replace(
-            tables, cp_size=cp_size, ep_size=ep, moe_tp_size=cp_size // ep,
-            group=_curve(lambda n: group.context("group", n)),
-            dispatch=_curve(lambda n: group.context("dispatch", n)),
-            gen_group=_curve(lambda b: group.generation("group", b, 1), DECODE_BATCH),
-        )  # fmt: skip
-        tables.comm.curve("all_gather", cp_size)  # the gather-back's and the KV designs' collective
-    return replace(tables, provenance=_provenance(spec, one, tables))
+    if cp_size == 1:
+        return _one_gpu_tables(one_spec) if spec == one_spec else price_tables(one_spec, 1)
+    group = _Engine(spec, cp_size, ep)
+    tables = replace(
+        price_tables(one_spec, 1), cp_size=cp_size, ep_size=ep, moe_tp_size=cp_size // ep,
+        group=_curve(lambda n: group.context("group", n)),
+        dispatch=_curve(lambda n: group.context("dispatch", n)),
+        gen_group=_curve(lambda b: group.generation("group", b, 1), DECODE_BATCH),
+    )  # fmt: skip
+    tables.comm.curve("all_gather", cp_size)  # the gather-back's and the KV designs' collective
+    return replace(tables, provenance=_provenance(spec, _one_gpu_engine(one_spec), tables))
 
 
-def _one_gpu_tables(spec: MeasuredSpec, one: _Engine) -> PriceTables:
-    """Every table of the model on one GPU (``cp_size`` 1)."""
+def _one_gpu_tables(spec: MeasuredSpec) -> PriceTables:
+    """Every table of the model on one GPU (``cp_size`` 1), with its provenance."""
     from aiconfigurator_core.sdk.operations.dsa import DSA_MODEL_DIMS
 
+    one = _one_gpu_engine(spec)
     attention_op = one.op("context", "attention")
     dims = DSA_MODEL_DIMS[attention_op["architecture"]]
     attention = np.array([[one.context("attention", s, p) for p in PREFIXES] for s in SIZES])
@@ -237,7 +228,7 @@ def _one_gpu_tables(spec: MeasuredSpec, one: _Engine) -> PriceTables:
     # The indexer's share: the module's cost per extra key at long contexts (8,192 queries after 64k and
     # 128k keys, both measured), per logits element.
     far = one.context("attention", 8192, 131072) - one.context("attention", 8192, 65536)
-    return PriceTables(
+    tables = PriceTables(
         cp_size=1, ep_size=1, moe_tp_size=1, num_layers=int(attention_op["scale_factor"]),
         hidden_size=int(one.op("context", "per_token")["hidden_size"]), index_topk=int(attention_op["index_topk"]),
         kv_row_bytes=(dims["kv_lora_rank"] + dims["qk_rope_head_dim"]) * 2 + dims["index_head_dim"] + 4,
@@ -253,6 +244,7 @@ def _one_gpu_tables(spec: MeasuredSpec, one: _Engine) -> PriceTables:
         indexer_ms_per_element=max(far, 0.0) / (8192 * 65536),
         comm=CommCost(partial(_sample_collective, spec)),
     )  # fmt: skip
+    return replace(tables, provenance=_provenance(spec, one, tables))
 
 
 def _provenance(spec: MeasuredSpec, one: _Engine, tables: PriceTables) -> dict:

@@ -208,18 +208,16 @@ def test_every_group_shares_the_one_gpu_tables_and_prices_its_own_moe(measured):
 
 
 def test_tables_travel_to_a_fresh_interpreter_and_price_the_same_there(measured, tmp_path):
-    """What a sweep ships to its workers (``aic.priced_tables`` -> ``install_tables``): the pickled tables
+    """What a sweep ships to its workers (its plan's tables -> ``aic.install_tables``): the pickled tables
     price a step and the group's all-gather exactly as here without importing aiconfigurator; any other
     collective (reduce-scatter over 2 GPUs) prices the same there, sampled on first use if no test here
     sampled it before."""
     import pickle
 
-    from cpkv.cost.aic import priced_tables
-
     cost = measured(4)
     plan = plan_batch([1024, 0], [5000, 300], CPConfig(4, 64, "balanced"))
     here = [cost.step_work(plan).tolist(), cost.comm.allgather_ms(2**20, 4)]
-    (tmp_path / "tables.pkl").write_bytes(pickle.dumps(priced_tables()))
+    (tmp_path / "tables.pkl").write_bytes(pickle.dumps({(MeasuredSpec(), 4): cost.tables}))
     child = f"""
 import json, pickle, sys
 from cpkv.config import CPConfig
