@@ -88,16 +88,17 @@ def main() -> None:
             grid.write_text(QUICK)
         else:
             grid, note = prepared_grid(args.grid, tmp), ""
-        order = [(executor, w) for executor in ("local", "ray")[: 1 + args.ray] for w in counts]
+        executors = ["local", "ray"] if args.ray else ["local"]
         runs = [run(grid, tmp / f"out-{r}-{executor}-{w}", w, executor, args.ray_address)
-                for r in range(args.rounds) for executor, w in order]  # fmt: skip
+                for r in range(args.rounds) for executor in executors for w in counts]  # fmt: skip
         again = run(grid, tmp / f"out-{args.rounds - 1}-local-{counts[-1]}", counts[-1], "local")
     if len({x["csv"] for x in runs + [again]}) != 1:
         sys.exit("results.csv differs between runs")
+
     def median_wall(executor: str, workers: int) -> float:
         return statistics.median(x["wall_s"] for x in runs if x["workers"] == workers and x["executor"] == executor)
 
-    base = {executor: median_wall(executor, counts[0]) for executor, _ in order}
+    base = {executor: median_wall(executor, counts[0]) for executor in executors}
     rows = [[x["executor"], x["workers"], x["wall_s"], base[x["executor"]] / x["wall_s"], x["load_before"],
              x["load_after"], x["summary"]] for x in runs]  # fmt: skip
     rows.append(["local (re-run)", again["workers"], again["wall_s"], "-", again["load_before"], again["load_after"],
@@ -105,10 +106,11 @@ def main() -> None:
     print_table(f"cpkv sweep {args.grid.name if not args.quick else 'quick'}{note}; results.csv identical in every run",
                 ["executor", "workers", "wall s", f"speed-up vs {counts[0]} (same executor)", "load before",
                  "load after", "sweep"], rows)  # fmt: skip
-    for executor, w in dict.fromkeys(order):
-        if w != counts[0]:
-            print(f"{executor}: median wall {median_wall(executor, counts[0]):.1f} s with {counts[0]} worker(s), "
-                  f"{median_wall(executor, w):.1f} s with {w}: speed-up {base[executor] / median_wall(executor, w):.2f}x")
+    for executor in executors:
+        for w in counts[1:]:
+            wall = median_wall(executor, w)
+            print(f"{executor}: median wall {base[executor]:.1f} s with {counts[0]} worker(s), {wall:.1f} s with {w}: "
+                  f"speed-up {base[executor] / wall:.2f}x")
     write_json(args.json, {"quick": args.quick, "note": note,
                            "runs": [{k: v for k, v in x.items() if k != "csv"} for x in runs + [again]]})  # fmt: skip
 
