@@ -79,6 +79,14 @@ def _allocator_cls(cp_size: int, owner_policy: str) -> type:
     return OwnerLaneTokenToKVPoolAllocator.for_group(cp_size, owner_policy)
 
 
+@cache
+def _pool_cls(kind: str, cp_size: int) -> type:
+    """One bound pool class per kind and group (imported on first use, as the allocator)."""
+    from .sglang_kv_rows import POOL_CLASSES
+
+    return POOL_CLASSES[kind].for_group(cp_size)
+
+
 class OwnerLaneAllocatorHook:
     """The platform hook cpkv overrides; ``cp_size`` and ``owner_policy`` are read from the environment
     when the platform is built (SGLang builds it once, on first use of ``current_platform``)."""
@@ -90,6 +98,11 @@ class OwnerLaneAllocatorHook:
     def get_paged_allocator_cls(self) -> type:
         """``OwnerLaneTokenToKVPoolAllocator`` bound to this group (SGLang passes the six base arguments)."""
         return _allocator_cls(self.cp_size, self.owner_policy)
+
+    def get_kv_pool_cls(self, *, kind: str) -> type:
+        """SGLang's KV pool class of ``kind`` (``mha``, ``mla``, ``dsa``) with cpkv's owner-lane write door,
+        bound to this group: each rank writes its own tokens at ``write_slots`` (``sglang_kv_rows``)."""
+        return _pool_cls(kind, self.cp_size)
 
 
 class OwnerLaneCudaPlatform(OwnerLaneAllocatorHook, CudaSRTPlatform):
