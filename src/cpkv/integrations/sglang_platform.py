@@ -27,6 +27,7 @@ from sglang.srt.platforms.rocm import RocmSRTPlatform
 
 from ..config import CPConfig, check_cp_size
 from ..errors import ConfigError
+from .sglang_checks import check_server_args, check_sglang_version
 
 PLATFORM_NAME = "cpkv"
 """The entry point's name: the value of ``SGLANG_PLATFORM`` that selects this plugin."""
@@ -39,9 +40,12 @@ def activate() -> str | None:
 
     Returns the cpkv platform over CUDA, ROCm or CPU (module docstring) when ``SGLANG_PLATFORM`` is
     ``cpkv``, else None (SGLang's auto-discovery then keeps its own platform).
+
+    Raises: ConfigError when selected under an SGLang other than ``sglang_checks.SGLANG_VERSION``.
     """
     if os.environ.get("SGLANG_PLATFORM", "") != PLATFORM_NAME:
         return None
+    check_sglang_version()
     if torch.cuda.is_available():
         cls = OwnerLaneRocmPlatform if torch.version.hip else OwnerLaneCudaPlatform
     else:
@@ -94,6 +98,13 @@ class OwnerLaneAllocatorHook:
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.cp_size, self.owner_policy = group_from_env()
+
+    def apply_server_args_defaults(self, server_args) -> None:
+        """Refuses what cpkv cannot serve, one line each (``sglang_checks.check_server_args``): an
+        ``attn_cp_size`` other than ``CPKV_CP_SIZE``, ``--enable-kv-cache-sharding``, HiSparse at C > 1.
+        Sets no default. Raises ConfigError."""
+        super().apply_server_args_defaults(server_args)
+        check_server_args(server_args, self.cp_size)
 
     def get_paged_allocator_cls(self) -> type:
         """``OwnerLaneTokenToKVPoolAllocator`` bound to this group (SGLang passes the six base arguments)."""
