@@ -262,25 +262,34 @@ def _get_with_lanes(page_get, record: HostLanes):
     return get_pages
 
 
+_HOOKS = (
+    (write_recording_owners, "AROUND"),
+    (load_on_recorded_lanes, "AROUND"),
+    (attach_storage_with_lane_keys, "AFTER"),
+    (load_back_transfers_on_lanes, "AROUND"),
+    (available_size_for_load_back, "AROUND"),
+)
+
+
+def hooks() -> list[tuple[str, object, str]]:
+    """``(target, hook, kind)`` for each hook of this module, ``kind`` a ``HookType`` name (the format of
+    ``sglang_hooks.hooks``, whose plugin registers these too)."""
+    return [(target, hook, kind) for target, (hook, kind) in zip(HOOK_TARGETS, _HOOKS, strict=True)]
+
+
 def register(registry=None) -> tuple[str, ...]:
     """Register the hooks on SGLang's ``HookRegistry`` (or ``registry``, the same API); returns their targets.
 
-    The caller (cpkv's ``sglang.srt.plugins`` plugin) runs ``apply_hooks()`` after every registration.
+    The caller runs ``apply_hooks()`` after every registration (cpkv's ``sglang.srt.plugins`` plugin
+    registers them through ``hooks()``).
     """
     if registry is None:
         from sglang.srt.plugins.hook_registry import HookRegistry as registry
     from sglang.srt.plugins.hook_registry import HookType
 
-    hooks = (
-        (write_recording_owners, HookType.AROUND),
-        (load_on_recorded_lanes, HookType.AROUND),
-        (attach_storage_with_lane_keys, HookType.AFTER),
-        (load_back_transfers_on_lanes, HookType.AROUND),
-        (available_size_for_load_back, HookType.AROUND),
-    )
-    for target, (hook, kind) in zip(HOOK_TARGETS, hooks, strict=True):
-        registry.register(target, hook, kind)
+    for target, hook, kind in hooks():
+        registry.register(target, hook, HookType[kind])
     return HOOK_TARGETS
 
 
-__all__ = ["HOOK_TARGETS", "HostLanes", "lane_key", "register"]
+__all__ = ["HOOK_TARGETS", "HostLanes", "hooks", "lane_key", "register"]
