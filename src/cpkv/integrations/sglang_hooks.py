@@ -22,6 +22,9 @@ target                                                        kind    what it do
 ``disaggregation.common.conn.CommonKVManager.__init__``       AFTER   checks every CP rank is a sender
 ============================================================  ======  =================================================
 
+and ``sglang_hicache``'s hooks on ``HybridCacheController`` / ``UnifiedRadixCache``: HiCache write-back records
+each page's owner lane, load-back allocates on it (or counts the failure and recomputes), L3 keys carry it.
+
 SGLang's ``page_interleave_shard_size`` stays 1 for cpkv, so its ``rotation_bases``, ``shard_spec`` and
 L3 refusal stay off (cpkv picks phases itself). ``register`` applies the hooks and checks that each one
 wraps its target; one that does not stops the start with one line naming it (``SGLangStartError``:
@@ -157,10 +160,13 @@ def pd_every_cp_rank_sends(result, self, *args, **kwargs) -> None:
 
 # --------------------------------------------------------------------------------------- registration
 def hooks() -> list[tuple[str, object, str]]:
-    """``(target, hook, kind)`` for each hook, ``kind`` a ``HookType`` name."""
+    """``(target, hook, kind)`` for each hook, ``kind`` a ``HookType`` name: the ones above, then
+    ``sglang_hicache``'s (HiCache write-back/load-back and L3 keys on the recorded owner lanes)."""
     kinds = {"widen_scheduler": "BEFORE", "check_full_pool": "AROUND", "prefill_adder_overhead": "AFTER",
              "pd_shard_by_cp_rank": "BEFORE", "pd_every_cp_rank_sends": "AFTER"}  # fmt: skip
-    return [(TARGETS[name], globals()[name], kind) for name, kind in kinds.items()]
+    from .sglang_hicache import hooks as hicache_hooks
+
+    return [(TARGETS[name], globals()[name], kind) for name, kind in kinds.items()] + hicache_hooks()
 
 
 def hook_applied(target: str, hook) -> bool:

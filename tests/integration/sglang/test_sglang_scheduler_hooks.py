@@ -40,6 +40,7 @@ from sglang.srt.runtime_context import get_parallel  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 from cpkv import ConfigError  # noqa: E402
+from cpkv.integrations import sglang_hicache  # noqa: E402
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -50,7 +51,7 @@ pytestmark = pytest.mark.sglang
 
 Scheduler = scheduler_mod.Scheduler
 P, RANK_TOKENS, CHAIN_PAGES = 4, 16, 5  # one rank: 16 tokens = 4 pages (+ its padding page)
-EXPECTED_TARGETS = sorted(set(hooks.TARGETS.values()))
+EXPECTED_TARGETS = sorted({target for target, _, _ in hooks.hooks()})  # this module's and sglang_hicache's
 
 # ------------------------------------------------------------------------------------ fresh interpreter
 PROBE = """
@@ -66,7 +67,7 @@ PROBE = """
     print(json.dumps({{
         "hooked": sorted(HookRegistry._hooks),
         "applied": sorted({{t for t, f, _ in h.hooks() if h.hook_applied(t, f)}}),
-        "wrapped": sorted({{t for t in h.TARGETS.values() if hasattr(pkgutil.resolve_name(t), "__wrapped__")}}),
+        "wrapped": sorted({{t for t, _, _ in h.hooks() if hasattr(pkgutil.resolve_name(t), "__wrapped__")}}),
         "plugin_module_loaded": "cpkv.integrations.sglang_hooks" in sys.modules,
     }}))
 """
@@ -102,7 +103,7 @@ def test_sglang_platform_unset_changes_nothing_in_a_fresh_interpreter():
 def test_sglang_platform_cpkv_applies_every_hook_in_a_fresh_interpreter():
     got = last_json(start(SGLANG_PLATFORM="cpkv", CPKV_CP_SIZE="4"))
     assert got["hooked"] == got["applied"] == got["wrapped"] == EXPECTED_TARGETS
-    assert len(EXPECTED_TARGETS) == 4  # CommonKVManager.__init__ carries a BEFORE and an AFTER hook
+    assert len(EXPECTED_TARGETS) == 4 + len(sglang_hicache.HOOK_TARGETS)  # CommonKVManager.__init__ carries two
 
 
 def test_a_hook_that_does_not_apply_stops_the_start_with_one_line_naming_it():
