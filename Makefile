@@ -1,7 +1,9 @@
 # Two entry points that work on a fresh machine: `make demo` and `make test`.
 # Both create .venv and install cpkv into it first. `make test-sglang` runs the SGLang integration tests
 # in their own .venv-sglang (SGLang 0.5.23 without its dependencies, plus the pinned set it imports), and
-# the SGLang 0.5.9 differential tests in .venv-sglang059 (0.5.9 over .venv-sglang's packages).
+# the SGLang 0.5.9 differential tests in .venv-sglang059 (0.5.9 over .venv-sglang's packages). Its L3
+# test starts a real mooncake_master, whose binaries and Python store link libibverbs.so.1 (even over
+# TCP): `make test-sglang` apt-installs Debian's libibverbs1 first when ldconfig does not list it.
 # `make test-quick` is the edit loop: unit tests without the ones marked slow or distributed (CI
 # runs `make test`, everything). `make test` sets CPKV_REQUIRE_COST=1: a missing aiconfigurator (the `cost`
 # extra) fails the measured cost model's tests instead of skipping them; CPKV_REQUIRE_RAY=1 does the same
@@ -24,7 +26,7 @@ SGLANG059_VENV ?= .venv-sglang059
 SGLANG059_BIN  := $(SGLANG059_VENV)/bin
 SGLANG059_REQS := tests/integration/sglang059/requirements.txt
 
-.PHONY: install demo test test-quick test-sglang bench-sglang-quick lint clean
+.PHONY: install demo test test-quick test-sglang bench-sglang-quick lint clean ibverbs
 
 # torch is most of the install time (minutes): its pip runs without -q so its download and install
 # progress show.
@@ -68,8 +70,16 @@ $(SGLANG059_BIN)/.installed: $(SGLANG_BIN)/.installed $(SGLANG059_REQS)
 	$(SGLANG059_BIN)/python -m pip install -q --no-deps -r $(SGLANG059_REQS)
 	touch $@
 
+# Mooncake (mooncake-transfer-engine-non-cuda) needs libibverbs.so.1: Debian's libibverbs1, installed with
+# apt-get (as root, else through sudo; apt-get update first, as on a fresh CI machine) when it is missing.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+ibverbs:
+	@{ ldconfig -p 2>/dev/null || /sbin/ldconfig -p; } | grep -q 'libibverbs\.so\.1 ' || { \
+	  echo "Installing libibverbs1 (Mooncake's mooncake_master and store link libibverbs.so.1):"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1; }
+
 # CPKV_REQUIRE_SGLANG=1: a failing `import sglang` fails the run instead of skipping every test.
-test-sglang: $(SGLANG_BIN)/.installed $(SGLANG059_BIN)/.installed
+test-sglang: ibverbs $(SGLANG_BIN)/.installed $(SGLANG059_BIN)/.installed
 	CPKV_REQUIRE_SGLANG=1 $(SGLANG_BIN)/python -m pytest -q -m sglang tests/integration/sglang
 	CPKV_REQUIRE_SGLANG=1 $(SGLANG059_BIN)/python -m pytest -q -m sglang tests/integration/sglang059
 
