@@ -173,7 +173,14 @@ class EngineLoop:
             self.rank_pools = [OwnerLaneMHATokenToKVPool(size=size, cp_size=C, cp_rank=r, **pool_kw) for r in range(C)]
         else:
             from sglang.srt.mem_cache.allocator.page_interleave import PageInterleavePoolAllocator
+            from sglang.srt.mem_cache.page_interleave import PageInterleavePlacement, PageShardSpec
+            from sglang.srt.mem_cache.page_interleave_pool import PageInterleaveKVPoolMixin
 
+            # HiCache wraps its host pool in PageInterleaveHostPool (owner-classed host slots) for a pool
+            # that carries SGLang's placement; the NCCL gather state is not built (no forward here).
+            self.kv = type("PeerKVPool", (PageInterleaveKVPoolMixin, MHATokenToKVPool), {})(
+                size=C * (cfg.rank_pages + 1) * P - P, **pool_kw)  # fmt: skip
+            self.kv.placement = PageInterleavePlacement(PageShardSpec(0, C, P, C * P, P))
             self.alloc = PageInterleavePoolAllocator(size, P, C, torch.float32, "cpu", self.kv, False)
         self.req_pool = ReqToTokenPool(size=cfg.max_requests, max_context_len=1 << 14, device="cpu",
                                        enable_memory_saver=False)  # fmt: skip
@@ -307,11 +314,8 @@ class EngineLoop:
     def _forward(self, batch) -> None:
         """The model forward, replaced: each extend token's known K/V rows at its ``out_cache_loc`` slot, through
         cpkv's KV-row path on the C ranks' own pools (cpkv) and into the group view HiCache copies."""
-        toks, pos = [], []
-        for req in batch.reqs:
-            ids = req.origin_input_ids[req.prefix_len : req.extend_end]
-            toks.append(torch.tensor(ids, dtype=torch.int64))
-            pos.append(torch.arange(req.prefix_len, req.extend_end, dtype=torch.int64))
+        toks = [torch.tensor(r.origin_input_ids[r.prefix_len : r.extend_end], dtype=torch.int64) for r in batch.reqs]
+        pos = [torch.arange(r.prefix_len, r.extend_end, dtype=torch.int64) for r in batch.reqs]
         loc = batch.out_cache_loc
         k, v = kv_rows(torch.cat(toks), torch.cat(pos))
         layer = SimpleNamespace(layer_id=0)
@@ -354,8 +358,9 @@ class EngineLoop:
         self._check_pool(busy=False)
         P, C = self.cfg.page_size, self.cfg.cp_size
         slots, tokens, positions = self._device_tree_rows()
-        if slots.numel():
+        if slots.numel():  # the peer's HiCache moves rank 0's own rows only (one process): rows checked for cpkv
             self._check_rows(slots)
+        if slots.numel() and self.rank_pools:
             k, v = kv_rows(tokens, positions)
             if not (torch.equal(self.kv.k_buffer[0][slots], k) and torch.equal(self.kv.v_buffer[0][slots], v)):
                 bad = int((self.kv.k_buffer[0][slots] != k).any(dim=(1, 2)).nonzero()[0])
@@ -383,14 +388,12 @@ class EngineLoop:
                 toks.append(torch.tensor(key.token_ids[: value.numel()], dtype=torch.int64))
                 pos.append(torch.arange(depth, depth + value.numel(), dtype=torch.int64))
             stack.extend((child, depth + n) for child in node.children.values())
-        if not slots:
-            empty = torch.zeros(0, dtype=torch.int64)
-            return empty, empty, empty
-        return torch.cat(slots), torch.cat(toks), torch.cat(pos)
+        empty = torch.zeros(0, dtype=torch.int64)
+        return (empty, empty, empty) if not slots else (torch.cat(slots), torch.cat(toks), torch.cat(pos))
 
 
-class _Finished:
-    """A finished reason for a prefill-only request (``Req.finished()`` reads ``finished_reason``)."""
+class _Finished:  # a finished reason for a prefill-only request (Req.finished() reads finished_reason)
+    pass
 
 
 class LoopCheckError(AssertionError):

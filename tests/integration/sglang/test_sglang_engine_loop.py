@@ -78,3 +78,20 @@ def test_engine_loop_checks_fail_on_a_corrupted_row(loop_module):
     loop.kv.k_buffer[0][int(slots[0])] += 1
     with pytest.raises(m.LoopCheckError, match="does not hold its token's K/V rows"):
         loop.checks()
+
+
+def test_engine_loop_peer_page_interleave_c4(loop_module):
+    """The peer: the same loop on SGLang's own PageInterleavePoolAllocator (rotation bases, alloc_cyclic
+    load-back, PageInterleaveHostPool); cpkv's hooks pass through. Its K/V rows are not checked: one process
+    moves only rank 0's rows of SGLang's sharded host pool. Figures for docs/sglang.md's table."""
+    if not TRACE.exists():
+        pytest.skip(f"no trace at {TRACE}")
+    m = loop_module
+    prompts = m.scaled_prompts(TRACE, 300, 4)
+    loop = m.EngineLoop(m.LoopConfig(allocator="sglang", cp_size=4, page_size=4, rank_pages=96))
+    assert type(loop.alloc).__name__ == "PageInterleavePoolAllocator"
+    loop.run(prompts)
+    s = loop.run(prompts[::-1])
+    assert s.invariant_checks == 2 * s.steps and s.load_back_off_lane_pages == 0
+    assert s.cache_hit_tokens + s.computed_tokens == s.prompt_tokens == 2 * 33514
+    assert (s.device_hit_tokens, s.host_hit_tokens, s.load_back_pages, s.pages_recomputed) == (3364, 11260, 2815, 0)
