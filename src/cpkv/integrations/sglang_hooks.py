@@ -19,7 +19,9 @@ target                                                        kind    what it do
 ``disaggregation.common.conn.CommonKVManager.__init__``       BEFORE  PD prefill: ``kv_shard_size = C``,
                                                                       ``kv_shard_rank`` = the attention-CP rank, so
                                                                       ``__init__`` makes every CP rank a sender
-``disaggregation.common.conn.CommonKVManager.__init__``       AFTER   checks every CP rank is a sender
+``disaggregation.common.conn.CommonKVManager.__init__``       AFTER   checks every CP rank is a sender; on a
+                                                                      PD decode worker, pulls from every prefill
+                                                                      CP rank
 ============================================================  ======  =================================================
 
 and ``sglang_hicache``'s hooks on ``HybridCacheController`` / ``UnifiedRadixCache``: HiCache write-back records
@@ -152,10 +154,22 @@ def pd_shard_by_cp_rank(self, *args, **kwargs) -> None:
 
 
 def pd_every_cp_rank_sends(result, self, *args, **kwargs) -> None:
-    """AFTER ``CommonKVManager.__init__``: where ``pd_shard_by_cp_rank`` set the shard, every CP rank is a
-    sender (``enable_all_cp_ranks_for_transfer``, not a dummy rank). Raises ConfigError otherwise (SGLang's
-    CP-TP group sharing, which sends as TP ranks)."""
-    if selected() and _is_prefill(args, kwargs) and self.kv_shard_size > 1:
+    """AFTER ``CommonKVManager.__init__``. Prefill, where ``pd_shard_by_cp_rank`` set the shard: checks every
+    CP rank is a sender (``enable_all_cp_ranks_for_transfer``, not a dummy rank). Decode (unsharded, CP 1):
+    ``enable_all_cp_ranks_for_transfer = True``, so ``_resolve_rank_mapping`` pulls from every prefill CP
+    rank and waits for all their responses (without it SGLang pulls from CP rank 0 only; a decode server
+    without cpkv needs SGLang's ``SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER=1``, which sets the same flag).
+
+    Raises: ConfigError for a prefill CP rank that is not a sender (SGLang's CP-TP group sharing, which
+    sends as TP ranks).
+    """
+    if not selected():
+        return
+    mode = kwargs.get("disaggregation_mode", args[1] if len(args) > 1 else None)
+    if getattr(mode, "value", mode) == "decode":
+        self.enable_all_cp_ranks_for_transfer = True
+        return
+    if _is_prefill(args, kwargs) and self.kv_shard_size > 1:
         if not self.enable_all_cp_ranks_for_transfer or getattr(self, "is_dummy_cp_rank", False):
             raise ConfigError(f"PD prefill CP rank {self.kv_shard_rank} of {self.kv_shard_size} is not a KV sender "
                               "(--enable-cp-tp-group-sharing?): cpkv's pages live on every CP rank")  # fmt: skip

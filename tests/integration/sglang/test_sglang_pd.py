@@ -4,10 +4,13 @@ cpkv's plugin (``sglang_hooks``) sets ``kv_shard_size = C`` and ``kv_shard_rank`
 PD prefill worker's ``CommonKVManager`` before SGLang's ``__init__`` runs (no ``--enable-kv-cache-sharding``),
 so each CP rank's ``CommonKVSender._prepare_send_indices`` passes the request's pages through SGLang's
 ``filter_kv_indices_for_shard_rank``: the rank sends the pages on its lane, as its local page ids, at their
-positions in the decode's destination list. Checked here at C in {2, 3, 4, 8}: the ranks' sends cover every
+positions in the decode's destination list; on the decode worker the hook makes SGLang pull from every
+prefill CP rank. Checked here at C in {2, 3, 4, 8}: the ranks' sends cover every
 page of the request exactly once, each from the rank that computed it (C-OWNER-EQ-COMPUTE), and the decode,
 copying each rank's local pages from that rank's own KV buffer (``sglang_kv_rows``), holds the request's rows.
 """
+
+import types
 
 import pytest
 import torch
@@ -16,7 +19,7 @@ sgl = pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does
 hooks = pytest.importorskip("cpkv.integrations.sglang_hooks")
 rows_mod = pytest.importorskip("cpkv.integrations.sglang_kv_rows")
 
-from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVSender  # noqa: E402
+from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVSender, PrefillServerInfo  # noqa: E402
 from sglang.srt.disaggregation.utils import DisaggregationMode  # noqa: E402
 from sglang.srt.mem_cache.common import kv_to_page_indices  # noqa: E402
 from sglang.srt.runtime_context import get_parallel  # noqa: E402
@@ -143,10 +146,37 @@ def test_without_cpkv_the_ranks_send_global_page_ids_past_a_ranks_buffer(C, cpkv
     assert (max(sent) >= RANK_TOKENS // P + 1) == (C == 8)
 
 
-def test_the_decode_side_stays_unsharded(cpkv_prefill):
-    cpkv_prefill(4)
-    mgr = manager(4, 2, DisaggregationMode.DECODE)
+def decode_manager(enable_all_cp_ranks: bool) -> CommonKVManager:
+    """A decode worker's manager (attention TP 1, CP 1, PP 1) as SGLang's ``__init__`` leaves the fields its
+    ``_resolve_rank_mapping`` reads."""
+    mgr = object.__new__(CommonKVManager)
+    mgr.is_mla_backend = mgr.is_hybrid_mla_backend = False
+    mgr.kv_args = types.SimpleNamespace(engine_rank=0)
+    mgr.attn_tp_size, mgr.attn_cp_size, mgr.attn_cp_rank, mgr.pp_size, mgr.pp_rank = 1, 1, 0, 1, 0
+    mgr.enable_all_cp_ranks_for_transfer = enable_all_cp_ranks
+    return mgr
+
+
+@pytest.mark.parametrize("C", [2, 3, 4, 8])
+def test_the_decode_side_stays_unsharded_and_pulls_from_every_prefill_cp_rank(C, cpkv_prefill, monkeypatch):
+    """The decode (CP 1, ``CPKV_CP_SIZE=1``) keeps SGLang's unsharded manager; cpkv's AFTER hook makes its
+    ``_resolve_rank_mapping`` target all C prefill CP ranks and wait for C responses, one per sender."""
+    cpkv_prefill(1)
+    mgr = manager(1, 0, DisaggregationMode.DECODE)
     assert "kv_shard_size" not in vars(mgr) and mgr.kv_shard_size == 1
+    prefill = dict(attn_tp_size=1, attn_cp_size=C, dp_size=1, pp_size=1, page_size=P, kv_cache_dtype="auto",
+                   follow_bootstrap_room=True)  # fmt: skip
+    mgr = decode_manager(False)  # what SGLang's __init__ computes for a CP-1 decode
+    hooks.pd_every_cp_rank_sends(None, mgr, None, DisaggregationMode.DECODE)
+    info = PrefillServerInfo(**prefill)
+    mgr._resolve_rank_mapping(info)
+    assert (info.target_cp_ranks, info.required_prefill_response_num) == (list(range(C)), C)
+    monkeypatch.delenv("SGLANG_PLATFORM")  # without cpkv: CP rank 0 only
+    mgr = decode_manager(False)
+    hooks.pd_every_cp_rank_sends(None, mgr, None, DisaggregationMode.DECODE)
+    info = PrefillServerInfo(**prefill)
+    mgr._resolve_rank_mapping(info)
+    assert (info.target_cp_ranks, info.required_prefill_response_num) == ([0], 1)
 
 
 def test_a_cp_rank_that_is_not_a_sender_or_a_cp_size_mismatch_is_one_line(cpkv_prefill):
