@@ -24,11 +24,9 @@ target                                                        kind    what it do
                                                                       CP rank
 ============================================================  ======  =================================================
 
-and ``sglang_hicache``'s hooks on ``HybridCacheController`` / ``UnifiedRadixCache``: HiCache write-back records
-each page's owner lane, load-back allocates on it (or counts the failure and recomputes), L3 keys carry it.
-
-``hooks()`` adds ``sglang_hicache``'s hooks (HiCache write-back and load-back on the recorded owner lanes,
-lane-keyed L3), registered and checked the same way.
+and ``sglang_hicache``'s hooks on ``HybridCacheController`` / ``UnifiedRadixCache`` (``hooks()`` lists them
+too, registered and checked the same way): HiCache write-back records each page's owner lane, load-back
+allocates on it (or counts the failure and recomputes), L3 keys carry it.
 
 SGLang's ``page_interleave_shard_size`` stays 1 for cpkv, so its ``rotation_bases``, ``shard_spec`` and
 L3 refusal stay off (cpkv picks phases itself). ``register`` applies the hooks and checks that each one
