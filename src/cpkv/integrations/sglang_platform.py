@@ -8,8 +8,11 @@ loads it when ``SGLANG_PLATFORM=cpkv``; its ``get_paged_allocator_cls()`` then r
 - ``CPKV_CP_SIZE``: ranks in the CP group (required, an integer >= 1);
 - ``CPKV_OWNER_POLICY``: ``balanced`` (default), ``rotation`` or ``legacy`` (C-PHASE).
 
-Every other hook is the in-tree platform's: CUDA (``CudaSRTPlatform``) where torch sees a CUDA device,
-ROCm where it is a HIP build, SGLang's CPU platform otherwise. Without ``SGLANG_PLATFORM=cpkv`` the plugin
+``get_kv_pool_cls(kind)`` returns SGLang's MHA / MLA / DSA pool with cpkv's owner-lane write door
+(``sglang_kv_rows``), and ``apply_server_args_defaults`` refuses the launch flags cpkv cannot serve
+(``sglang_checks``); selected, ``activate`` also checks the SGLang version. Every other hook is the in-tree
+platform's: CUDA (``CudaSRTPlatform``) where torch sees a CUDA device, ROCm where it is a HIP build,
+SGLang's CPU platform otherwise. Without ``SGLANG_PLATFORM=cpkv`` the plugin
 declines (``activate`` returns None), so installing cpkv never changes an SGLang deployment on its own.
 SGLang resolves its platform while its own modules are still importing, so this module imports only
 ``sglang.srt.platforms`` (loaded by then) at import, and the allocator on the first ``get_paged_allocator_cls``.
