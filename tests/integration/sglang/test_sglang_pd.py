@@ -14,6 +14,7 @@ import types
 
 import pytest
 import torch
+from sglang_topology import cp_topology
 
 sgl = pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)")
 hooks = pytest.importorskip("cpkv.integrations.sglang_hooks")
@@ -61,7 +62,7 @@ def manager(C: int, rank: int, mode=DisaggregationMode.PREFILL) -> CommonKVManag
     of the KV args (a real one binds sockets and registers with the bootstrap server): what the BEFORE hook
     left on the instance is what SGLang's ``__init__`` body then reads."""
     mgr = object.__new__(CommonKVManager)
-    with get_parallel().override(attn_cp_size=C, attn_cp_rank=rank), pytest.raises(_Stop, match="kv_cache_dtype_str"):
+    with get_parallel().override(**cp_topology(C, rank)), pytest.raises(_Stop, match="kv_cache_dtype_str"):
         CommonKVManager.__init__(mgr, _StopArgs(), mode, None)
     return mgr
 

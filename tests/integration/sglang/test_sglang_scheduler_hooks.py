@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from sglang_topology import cp_topology
 
 sgl = pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)")
 hooks = pytest.importorskip("cpkv.integrations.sglang_hooks")
@@ -166,7 +167,7 @@ def stand_in_scheduler(alloc, tree, *, is_hybrid_swa=False, enable_hisparse=Fals
     s.full_tokens_per_layer = s.swa_tokens_per_layer = None
     s.disaggregation_mode = DisaggregationMode.NULL
     C = getattr(alloc, "cp_size", 1)
-    with get_parallel().override(tp_size=C, attn_cp_size=C):
+    with get_parallel().override(**cp_topology(C)):
         s.init_running_status()
     s.init_pool_stats_observer()
     s.init_invariant_checker()
@@ -274,7 +275,7 @@ def test_a_scheduler_cpkv_cannot_serve_stops_with_one_line(cpkv_selected, kind, 
         s.token_to_kv_pool_allocator = TokenToKVPoolAllocator(64, torch.float32, "cpu", None, False)
     else:
         s.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(64, P, torch.float32, "cpu", None, False)
-    with get_parallel().override(tp_size=4, attn_cp_size=2 if kind == "cp" else 4), pytest.raises(ConfigError) as exc:
+    with get_parallel().override(**cp_topology(2 if kind == "cp" else 4)), pytest.raises(ConfigError) as exc:
         s.init_running_status()
     assert one_line(exc).startswith(message)
 
