@@ -92,6 +92,29 @@ class OwnerLaneKVPoolMixin:
         index = self.layout.owned_mask(loc, self.cp_rank).nonzero().reshape(-1)
         return index, self.layout.write_slots(loc.index_select(0, index))
 
+    # SGLang's other writers address rows by group slot and move rows between slots that may lie on other
+    # ranks (retraction offload re-allocates, speculative moves): refused at C > 1, never written past the
+    # buffer or onto another rank's rows.
+    def get_cpu_copy(self, indices, *args, **kwargs):
+        """SGLang's retraction offload copy; ConfigError at C > 1 (its reload takes new slots, on any lane)."""
+        self._refuse("get_cpu_copy (retraction with KV offload)")
+        return super().get_cpu_copy(indices, *args, **kwargs)
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, *args, **kwargs):
+        """SGLang's retraction reload; ConfigError at C > 1 (as ``get_cpu_copy``)."""
+        self._refuse("load_cpu_copy (retraction with KV offload)")
+        return super().load_cpu_copy(kv_cache_cpu, indices, *args, **kwargs)
+
+    def move_kv_cache(self, tgt_loc, src_loc):
+        """SGLang's slot-to-slot move (speculative decoding); ConfigError at C > 1 (a pair may cross ranks)."""
+        self._refuse("move_kv_cache (speculative decoding's slot moves)")
+        return super().move_kv_cache(tgt_loc, src_loc)
+
+    def _refuse(self, what: str) -> None:
+        if self.cp_size > 1:
+            raise ConfigError(f"{what} moves KV rows by group slot, which cpkv's owner lanes do not serve at "
+                              f"cp_size={self.cp_size}: a slot's rows live only on its owner rank")  # fmt: skip
+
     def _owned(self, loc: torch.Tensor, *rows: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """This rank's buffer rows and the matching rows of each tensor (``[len(loc), ...]``)."""
         for t in rows:
@@ -120,6 +143,11 @@ class OwnerLaneMHATokenToKVPool(OwnerLaneKVPoolMixin, MHATokenToKVPool):
         rows, (k, v) = self._owned(loc, cache_k, cache_v)
         if rows.numel():
             super().set_kv_buffer(layer, rows, k, v, k_scale, v_scale, layer_id_override)
+
+    def set_kv_buffer_prefix_valid(self, *args, **kwargs):
+        """SGLang's 2-D write door (speculative draft rows); ConfigError at C > 1, as ``move_kv_cache``."""
+        self._refuse("set_kv_buffer_prefix_valid (speculative draft rows)")
+        return super().set_kv_buffer_prefix_valid(*args, **kwargs)
 
 
 class OwnerLaneMLATokenToKVPool(OwnerLaneKVPoolMixin, MLATokenToKVPool):

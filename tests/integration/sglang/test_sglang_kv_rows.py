@@ -193,3 +193,29 @@ def test_bad_writes_and_groups_are_typed_errors():
         pools[0].set_kv_buffer(Layer(0), loc, rows_of(40, 8), rows_of(40, 8), dcp_kv_mask=torch.ones(40))
     with pytest.raises(LayoutError, match="slot -1 is padding"):
         rows_mod.read_kv_rows(pools, 0, torch.tensor([-1]))
+
+
+def test_sglangs_slot_moving_writers_are_refused_at_cp_size_above_1():
+    """Retraction offload (get_cpu_copy / load_cpu_copy) and speculative moves (move_kv_cache,
+    set_kv_buffer_prefix_valid) address rows by group slot across ranks: a one-line ConfigError at C > 1.
+    At C = 1 the pool is SGLang's own: the offload round trip gives the rows back."""
+    loc = torch.tensor([4, 5, 6, 7])
+    pool = mha_pools(2)[0]
+    calls = {
+        "get_cpu_copy": lambda: pool.get_cpu_copy(loc),
+        "load_cpu_copy": lambda: pool.load_cpu_copy(None, loc),
+        "move_kv_cache": lambda: pool.move_kv_cache(loc, loc),
+        "set_kv_buffer_prefix_valid": lambda: pool.set_kv_buffer_prefix_valid(Layer(0), loc.reshape(1, 4),
+                                                                              torch.tensor([4]), *[rows_of(4, 8)] * 2),
+    }  # fmt: skip
+    for name, call in calls.items():
+        with pytest.raises(ConfigError, match=f"^{name} .* cpkv's owner lanes do not serve at cp_size=2"):
+            call()
+    (one,) = mha_pools(1)
+    k = rows_of(4, 8)
+    one.set_kv_buffer(Layer(1), loc, k, k + 1)
+    saved = one.get_cpu_copy(loc)
+    one.k_buffer[1].zero_()
+    one.v_buffer[1].zero_()
+    one.load_cpu_copy(saved, loc)
+    assert torch.equal(one.k_buffer[1][4:8], k) and torch.equal(one.v_buffer[1][4:8], k + 1)
