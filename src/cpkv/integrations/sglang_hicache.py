@@ -23,8 +23,9 @@ AROUND hooks; no SGLang file patched) make HiCache replay owners:
   its ``C`` keys, and page reads record the lane of every host page they fill, so a fresh process (new
   cache, new allocator) loads an L3 prefix back onto its recorded lanes.
 
-Every hook passes straight through when the allocator is not cpkv's, so registering them changes nothing
-for another SGLang deployment. The hooks are registered by cpkv's ``sglang.srt.plugins`` plugin.
+Every hook passes straight through when ``SGLANG_PLATFORM`` is not ``cpkv`` or the allocator is not cpkv's,
+so registering them changes nothing for another SGLang deployment. cpkv's ``sglang.srt.plugins`` plugin
+(``sglang_hooks``) registers them.
 """
 
 from __future__ import annotations
@@ -99,8 +100,13 @@ class HostLanes:
 
 
 def cpkv_allocator(controller):
-    """The cpkv ``OwnerLaneTokenToKVPoolAllocator`` behind a controller, or None for any other allocator."""
+    """The cpkv ``OwnerLaneTokenToKVPoolAllocator`` behind a controller while ``SGLANG_PLATFORM=cpkv``
+    (read at every call), else None."""
     from .sglang import OwnerLaneTokenToKVPoolAllocator
+    from .sglang_hooks import selected
+
+    if not selected():
+        return None
 
     alloc = controller.mem_pool_device_allocator
     alloc = getattr(alloc, "full_attn_allocator", alloc)

@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from cpkv.integrations.cpu_stubs import install_torchvision_stub
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared workload helpers of this folder
@@ -29,3 +31,14 @@ else:
 
 if os.environ.get("CPKV_REQUIRE_SGLANG") == "1":
     import cpkv.integrations.sglang  # noqa: F401  (fails collection loudly when SGLang does not import)
+
+
+@pytest.fixture(autouse=True)
+def _sglang_runtime_context_reset():
+    """Each test leaves SGLang's runtime context empty: a test that publishes server args (an engine loop,
+    a HiCache engine) would otherwise leave its topology to a later test's ``get_parallel().override``,
+    which SGLang then finds inconsistent (``tp_size == moe_ep_size * moe_dp_size * moe_tp_size``)."""
+    yield
+    context = sys.modules.get("sglang.srt.runtime_context")
+    if context is not None:
+        context.reset_context()

@@ -116,6 +116,9 @@ if __name__ == "__main__":
     from cpkv.integrations import sglang_hicache
 
     jobs = json.loads(sys.argv[2])  # [{"backend", "cp_size", "policy", "tokens"}], each a new cache
+    # cpkv selected for its hooks. Set after SGLang resolved its platform: the jobs build cpkv's allocator
+    # for their own C (a launch would set CPKV_CP_SIZE too, and SGLang's platform hook would build it).
+    os.environ["SGLANG_PLATFORM"] = "cpkv"
     install(sglang_hicache.register)
     results = [consume(j["backend"], j["cp_size"], j["policy"], j["tokens"]) for j in jobs]
     print("L3RESULT " + json.dumps(results), flush=True)

@@ -15,23 +15,28 @@ pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does not i
 pytest.importorskip("sglang.srt.mem_cache.unified_radix_cache")
 
 from hicache_engine import Engine, block_tokens, install  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams  # noqa: E402
 
 from cpkv.integrations import sglang_hicache  # noqa: E402
 from cpkv.sim.scenarios import tiny_chunks_reload_workload  # noqa: E402
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.clause("C-RELOAD")]
 
 
 @pytest.fixture
-def hooks():
+def hooks(monkeypatch):
+    """cpkv's hooks applied and selected (``SGLANG_PLATFORM=cpkv``), undone after the test."""
+    monkeypatch.setenv("SGLANG_PLATFORM", "cpkv")
     undo = install(sglang_hicache.register)
     yield
     undo()
 
 
 @pytest.fixture
-def stock():
-    """SGLang's own load-back (only the CPU stand-ins, no cpkv hook)."""
+def stock(monkeypatch):
+    """SGLang's own load-back: only the CPU stand-ins, and cpkv not selected (were cpkv's hooks applied
+    by an earlier test of the session, they pass through)."""
+    monkeypatch.delenv("SGLANG_PLATFORM", raising=False)
     undo = install(lambda registry: ())
     yield
     undo()
@@ -47,14 +52,9 @@ def chain(engine: Engine, head_pages: int, tail_pages: int) -> tuple[list[int], 
     node = engine.match(full).last_device_node
     tail = engine.cache.path_device_indices(node)[len(head) :: engine.P]
     lanes = ((tail // engine.P) % engine.C).tolist()
-    assert engine.cache.evict(sglang_hicache_evict(tail_pages * engine.P)).num_tokens_evicted == tail_pages * engine.P
+    tokens = tail_pages * engine.P  # the LRU leaf: the extension, written back to host first
+    assert engine.cache.evict(EvictParams(num_tokens=tokens)).num_tokens_evicted == tokens
     return full, lanes
-
-
-def sglang_hicache_evict(tokens: int):
-    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-
-    return EvictParams(num_tokens=tokens)
 
 
 def test_stock_load_back_loses_the_owner_lanes(stock):

@@ -30,7 +30,7 @@ from l3_roundtrip import produce  # noqa: E402
 
 from cpkv.integrations import sglang_hicache  # noqa: E402
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.clause("C-RELOAD")]
 HERE = Path(__file__).resolve().parent
 
 
@@ -89,19 +89,22 @@ def mooncake_master(tmp_path_factory):
 
 @pytest.fixture
 def backend_env(request, tmp_path, monkeypatch):
-    """``(backend, env)``: the file backend's directory, or the Mooncake master's client environment."""
+    """``(backend, env)``: the file backend's directory, or the Mooncake master's client environment, set
+    in this process too (the producer), with ``SGLANG_PLATFORM=cpkv``."""
     backend = request.param
     env = {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(tmp_path / "l3")} if backend == "file" else \
         request.getfixturevalue("mooncake_master")  # fmt: skip
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SGLANG_PLATFORM", "cpkv")  # cpkv selected: its hooks act (the consumer selects it too)
     return backend, env
 
 
 def consumer(env: dict, jobs: list[dict]) -> list[dict]:
     """Run ``l3_roundtrip.py consume`` in a fresh process; its JSON results, one per job."""
+    environ = {k: v for k, v in os.environ.items() if k != "SGLANG_PLATFORM"} | env  # the consumer selects cpkv
     run = subprocess.run([sys.executable, str(HERE / "l3_roundtrip.py"), "consume", json.dumps(jobs)],
-                         env={**os.environ, **env}, capture_output=True, text=True, timeout=300)  # fmt: skip
+                         env=environ, capture_output=True, text=True, timeout=300)  # fmt: skip
     lines = [line for line in run.stdout.splitlines() if line.startswith("L3RESULT ")]
     assert run.returncode == 0 and lines, f"consumer failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     return json.loads(lines[-1].removeprefix("L3RESULT "))
