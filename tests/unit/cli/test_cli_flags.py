@@ -5,7 +5,7 @@ import click
 import pytest
 
 from cpkv.cli import app
-from cpkv.executor.__main__ import main as torchrun_main
+from cpkv.executor.__main__ import command as torchrun_main
 
 pytestmark = pytest.mark.unit
 
