@@ -93,27 +93,35 @@ class Grid:
         return [k for k, v in self.axes.items() if len(v) > 1]
 
     def points(self) -> list[dict[str, tuple[object, object]]]:
-        """Every combination of the axes not matched by an ``[[exclude]]`` rule, in file order (the last key
-        varies fastest): each ``{grid key: (converted value, value as written)}``."""
+        """Every combination of the axes not matched by an ``[[exclude]]`` rule that names only grid keys
+        of the axes, in file order (the last key varies fastest): each ``{grid key: (converted value, value
+        as written)}``. A rule naming a key the grid does not is matched later, against the value the
+        replay uses (``excluded``)."""
         keys = list(self.axes)
-        defaults = {k: (_default(k),) for rule in self.excludes for k in rule if k not in self.axes}
+        named = [rule for rule in self.excludes if rule.keys() <= self.axes.keys()]
         out = []
         for idx in itertools.product(*(range(len(self.axes[k])) for k in keys)):
             point = {k: (self.axes[k][i], self.given[k][i]) for k, i in zip(keys, idx, strict=True)}
-            if not any(all(point.get(k, defaults.get(k))[0] in vals for k, vals in rule.items())
-                       for rule in self.excludes):  # fmt: skip
+            if not any(all(point[k][0] in vals for k, vals in rule.items()) for rule in named):
                 out.append(point)
         return out
 
+    def excluded(self, values: dict, used: dict) -> bool:
+        """Whether a rule naming a key the grid does not name matches a point: ``values`` (grid key ->
+        converted value) for the keys of the axes, ``used`` (grid key -> the value the replay uses, the
+        results.csv column: the workload's or ``cpkv simulate``'s default) for the others."""
+        for rule in self.excludes:
+            if rule.keys() <= self.axes.keys():
+                continue
+            if all(_same(values[k] if k in self.axes else used.get(k), vals) for k, vals in rule.items()):
+                return True
+        return False
 
-def _default(key: str) -> object:
-    """The value a grid key takes when the grid does not name it (``cpkv simulate``'s default)."""
-    if key == "groups":
-        return 1
-    if key == "routing":
-        return ROUTINGS[0]
-    option = setting_options()[key]
-    return option.get_default(click.Context(simulate))
+
+def _same(value: object, values: tuple) -> bool:
+    """``value`` is one of ``values``, a list of per-lane pages comparing as a tuple."""
+    norm = (lambda v: tuple(v) if isinstance(v, (list, tuple)) else v)  # noqa: E731
+    return norm(value) in {norm(v) for v in values}
 
 
 def read_grid(path: Path) -> Grid:
