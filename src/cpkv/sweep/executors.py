@@ -61,6 +61,50 @@ def import_ray():
     return ray
 
 
+RAY_CONNECT_TIMEOUT_S = 10.0
+"""How long ``check_ray_address`` waits for a Ray cluster's head to accept a connection, in seconds."""
+
+
+def check_ray_address(address: str | None, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """InputError (one line) unless ``address`` is None (a local Ray) or a Ray head answers there: ``auto``
+    must find a cluster on this machine, ``[ray://]HOST:PORT`` must accept a TCP connection within
+    ``timeout_s``. Run before any output file exists (``ray.init`` itself retries an address that does not
+    answer for minutes)."""
+    import socket
+
+    if address is None:
+        return
+    if address == "auto":
+        ray = import_ray()
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            found = canonicalize_bootstrap_address("auto")
+        except ConnectionError:
+            found = None
+        except Exception:  # Ray's private helper moved: let ray.init answer (run_ray names its error)
+            return
+        if not found:
+            raise InputError(
+                f"--ray-address auto: no Ray cluster runs on this machine (Ray {ray.__version__}); start one "
+                "with `ray start --head`, or leave out --ray-address for a local Ray"
+            )
+        return
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"--ray-address {address!r} is not HOST:PORT (or auto)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e) or type(e).__name__)
+        raise InputError(
+            f"--ray-address {address}: no Ray head answers at {host}:{port} within {timeout_s:g} s ({why}); "
+            "start it with `ray start --head --port PORT`, or leave out --ray-address for a local Ray"
+        ) from None
+
+
 def run_ray(tasks: Sequence[PointTask], shipment: Shipment, workers: int | None, address: str | None,
             on_result: OnResult) -> None:  # fmt: skip
     """Replay ``tasks`` on Ray actors, one CPU each: ``workers`` of them (default: the cluster's CPUs, at
@@ -76,8 +120,11 @@ def run_ray(tasks: Sequence[PointTask], shipment: Shipment, workers: int | None,
     if started:
         local = {} if address else {"num_cpus": workers or cpu_count(),
                                     "object_store_memory": RAY_OBJECT_STORE_BYTES}  # fmt: skip
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 configure_logging=True, **local)  # fmt: skip
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                     configure_logging=True, **local)  # fmt: skip
+        except ConnectionError as e:  # e.g. the cluster went away since check_ray_address
+            raise InputError(f"--ray-address {address}: {one_line(e)}") from None
     actors: list = []
     try:
         n = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))

@@ -36,6 +36,10 @@ SWEEP_KEYS = {
 }
 """Grid keys of the sweep itself (not ``cpkv simulate`` settings), with what they mean."""
 
+MAX_POINTS = 100_000
+"""Most points a grid may expand to (the product of its lists' lengths, before ``[[exclude]]``) unless
+``cpkv sweep --max-points`` raises it: counted before any point is built (a point costs a replay)."""
+
 TOP_LEVEL = ("target", "workload", "grid", "exclude")
 """The grid file's top-level keys and tables."""
 
@@ -124,8 +128,9 @@ def _same(value: object, values: tuple) -> bool:
     return norm(value) in {norm(v) for v in values}
 
 
-def read_grid(path: Path) -> Grid:
-    """Read and check the grid file ``path``; GridError (one line naming the file and key) otherwise."""
+def read_grid(path: Path, max_points: int = MAX_POINTS) -> Grid:
+    """Read and check the grid file ``path``; GridError (one line naming the file and key) otherwise, or
+    naming the grid's size when its lists make more than ``max_points`` points (counted, not built)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -153,6 +158,13 @@ def read_grid(path: Path) -> Grid:
         axes[key], given[key] = tuple(converted), tuple(values)
     if "policy" not in axes:  # as cpkv simulate: every policy
         axes["policy"] = given["policy"] = OWNER_POLICIES
+    size = 1
+    for values in axes.values():
+        size *= len(values)
+    if size > max_points:
+        sizes = " x ".join(f"{len(v):,} {k}" for k, v in axes.items())
+        raise GridError(f"{where} the grid has {size:,} points ({sizes}), above the limit of {max_points:,}: "
+                        "narrow it, or raise the limit with --max-points")  # fmt: skip
     raw_rules = doc.get("exclude", [])
     if not isinstance(raw_rules, list) or not all(isinstance(r, dict) for r in raw_rules):
         raise GridError(f"{where} exclude must be [[exclude]] tables")

@@ -88,6 +88,7 @@ def plan_sweep(grid: Grid) -> SweepPlan:
     """Every point of ``grid`` made ready to replay (see the module docstring).
 
     Raises:
+        GridError: more groups than the workload has requests; ``[[exclude]]`` rules that exclude every point.
         CostExtraMissing: a point asks for the measured model and aiconfigurator is not installed (it would
             fail every such point: the sweep stops before any, exit 2).
         CpkvError: the workload cannot be read or generated (TraceError, ConfigError: exit 2).
@@ -110,6 +111,9 @@ def plan_sweep(grid: Grid) -> SweepPlan:
             specs[ident] = (spec, workload_digest(spec.requests))
             plan.workloads[specs[ident][1]] = spec
         spec, digest = specs[ident]
+        if groups > len(spec.requests):  # before any split or replay: a group of no request is no CP group
+            raise GridError(f"{grid.path}: groups = {groups:,} splits a workload of {len(spec.requests):,} requests: "
+                            f"{groups - len(spec.requests):,} groups would get none; at most one group per request")  # fmt: skip
         row = {"point": None, "status": None, "error": None, "key": None,
                "_settings": {k: g for k, (_, g) in point.items()}, "_sim_config": None, "_provenance": None}  # fmt: skip
         try:

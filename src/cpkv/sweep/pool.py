@@ -83,9 +83,19 @@ def run_pool(tasks: Sequence[PointTask], shipment: Shipment, workers: int, on_re
     ctx = multiprocessing.get_context("spawn")  # the driver runs a progress thread: no fork
     queue = list(reversed(tasks))
     pool = [_Worker(ctx) for _ in range(max(1, min(workers, len(tasks))))]
+
+    def give(i: int) -> None:  # the next task to worker i; one that died idle is replaced first
+        task = queue.pop()
+        try:
+            pool[i].give(task, shipment)
+        except OSError:
+            pool[i].stop(now=True)
+            pool[i] = _Worker(ctx)
+            pool[i].give(task, shipment)
+
     try:
-        for w in pool:
-            w.give(queue.pop(), shipment)
+        for i in range(len(pool)):
+            give(i)
         while any(w.task is not None for w in pool):
             busy = [w for w in pool if w.task is not None]
             ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy])
@@ -106,7 +116,7 @@ def run_pool(tasks: Sequence[PointTask], shipment: Shipment, workers: int, on_re
                     pool[i] = w = _Worker(ctx)
                 on_result(task, result)
                 if queue:
-                    w.give(queue.pop(), shipment)
+                    give(i)
     except BaseException:
         for w in pool:
             w.stop(now=True)
