@@ -158,6 +158,13 @@ class SharedKVLayout:
         wide = slots.to(_torch_int64()) if _is_torch(slots) else slots.astype(np.int64, copy=False)
         return (wide >= 0) & ((wide // self.page_size) % self.cp_size == rank)  # int64: no dtype overflow
 
+    def check_slots(self, slots, check: bool = True):
+        """``slots`` (integer numpy array, torch tensor or sequence) checked as every translation checks them:
+        LayoutError for a non-integer dtype, a ``meta`` tensor or (on the host) a slot ``>= num_slots``; on
+        another device the range check is queued there (no sync), or skipped with ``check=False``.
+        Returns the slots (a sequence as numpy)."""
+        return self._check(slots, check)
+
     def _require_owners(self, what: str) -> None:
         """PoolKindError when this pool is replicated: it has no owner lanes to translate to (C-POOL)."""
         if self.kind == "replicated":
