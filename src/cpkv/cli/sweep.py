@@ -51,6 +51,7 @@ def sweep(grid_file, out_dir, executor, workers, ray_address, max_points, retry_
 
         import_ray()  # before any work: InputError naming the extra
         check_ray_address(ray_address)  # before any output file: one line, not Ray's endless retries
+
     def terminated(signum, frame):  # SIGTERM stops the sweep as Ctrl-C does
         raise SweepTerminated()
 
