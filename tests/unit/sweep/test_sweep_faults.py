@@ -118,23 +118,32 @@ def test_more_groups_than_requests_is_one_line_before_any_replay(tmp_path, capsy
 
 
 # ----------------------------------------------------------------------------------- stored, designs
-def test_stored_points_that_do_not_validate_are_replayed_and_non_owner_designs_are_one_row(tmp_path, capsys):
+def test_non_owner_designs_are_one_row_of_the_designs_table(tmp_path, capsys):
     grid = _grid(tmp_path, SMALL + 'kv_storage = ["owner-lane", "replicated"]\npolicy = ["rotation", "balanced"]\n')
     out = tmp_path / "out"
     assert _sweep(grid, out, "--workers", "2") == 0
-    assert "4 points: 3 replayed, 0 stored earlier, 0 failed" in capsys.readouterr().out  # replicated: one replay
-    good = (out / "results.csv").read_text()
+    printed = capsys.readouterr().out
+    assert "4 points: 3 replayed, 0 stored earlier, 0 failed" in printed  # replicated: one replay
     summary = _rows(out, "summary.csv")
-    assert [(r["kv_storage"], r["policy"]) for r in summary if r["kv_storage"] == "replicated"] == [("replicated", "")]
     assert sorted((r["kv_storage"], r["policy"]) for r in summary) == [
         ("owner-lane", "balanced"), ("owner-lane", "rotation"), ("replicated", "")]
+    table = [t for t in (line.split() for line in printed.splitlines()) if t and t[0] == "replicated"]
+    assert len(table) == 1 and table[0][1] == "-", printed  # the console table: kv_storage, policy '-'
+
+
+def test_stored_points_that_do_not_validate_are_replayed(tmp_path, capsys):
+    grid = _grid(tmp_path, SMALL + 'policy = ["rotation", "balanced"]\n')
+    out = tmp_path / "out"
+    assert _sweep(grid, out, "--workers", "2") == 0
+    assert "2 points: 2 replayed, 0 stored earlier, 0 failed" in capsys.readouterr().out
+    good = (out / "results.csv").read_text()
     files = sorted((out / "points").glob("*.json"))
     record = json.loads(files[0].read_text())
     for bad in ({**record, "metrics": "x"}, {**record, "metrics": None}, {**record, "error": "oops"},
                 {**record, "metrics": {"ttft_ms_p99": 1.0}}, {**record, "per_group": 3}, [record]):  # fmt: skip
         files[0].write_text(json.dumps(bad))
         assert _sweep(grid, out) == 0
-        assert "4 points: 1 replayed, 2 stored earlier, 0 failed" in capsys.readouterr().out
+        assert "2 points: 1 replayed, 1 stored earlier, 0 failed" in capsys.readouterr().out
         assert (out / "results.csv").read_text() == good
 
 
