@@ -37,7 +37,10 @@ def _serve(conn) -> None:
     if parent is not None:  # the driver gone (even by SIGKILL): exit, whatever point is running
         threading.Thread(target=lambda: (parent.join(), os._exit(0)), daemon=True).start()
     try:
-        workloads = conn.recv().unpack()
+        shipment = conn.recv()
+        if shipment is None:  # stopped before any point
+            return
+        workloads = shipment.unpack()
         while True:
             task = conn.recv()
             if task is None:
@@ -107,19 +110,22 @@ def run_pool(tasks: Sequence[PointTask], shipment: Shipment, workers: int, on_re
                     result = w.conn.recv() if w.conn.poll() else None
                 except (EOFError, OSError):
                     result = None
-                if result is None:  # died under the point: a new worker in its place
+                if result is None:  # died under the point: a new worker in its place, if work is left
                     w.proc.join(5)
                     code = w.proc.exitcode
                     why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
                     result = lost(task, f"the process running the point ended ({why})")
                     w.stop(now=True)
-                    pool[i] = w = _Worker(ctx)
+                    if queue:
+                        pool[i] = _Worker(ctx)
                 on_result(task, result)
                 if queue:
                     give(i)
     except BaseException:
         for w in pool:
             w.stop(now=True)
+        for w in pool:
+            w.proc.join(5)
         raise
     for w in pool:
         w.stop(now=False)
