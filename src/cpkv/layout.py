@@ -26,6 +26,23 @@ def _is_torch(x: object) -> bool:
     return hasattr(x, "detach") and hasattr(x, "device")
 
 
+def _on_host(tensor) -> bool:
+    """Whether reading a value of ``tensor`` costs no device sync (a CPU tensor)."""
+    return tensor.device.type == "cpu"
+
+
+def _assert_on_device(ok, message: str) -> None:
+    """Queue the check ``ok`` (a 0-d bool tensor) on its device, without a sync: CUDA raises a device-side
+    assert at the next sync when it is False (fatal to the CUDA context); a CPU tensor raises RuntimeError
+    at once."""
+    import torch
+
+    try:
+        torch._assert_async(ok, message)
+    except TypeError:  # a torch without the message argument
+        torch._assert_async(ok)
+
+
 @dataclass(frozen=True)
 class SharedKVLayout:
     """Slot translations between the logical pool, a rank's own lane and the rank-major view (C-LAYOUT).
@@ -42,6 +59,13 @@ class SharedKVLayout:
     translation writes into it and returns it, so repeated translations allocate nothing (if it raises,
     ``out`` may hold part of the result; ``slots`` is never changed).
 
+    Range checks never sync a device: on the host (numpy, CPU tensors) a slot ``>= num_slots`` raises
+    LayoutError; on another device (CUDA) the check is queued there (``torch._assert_async``): an
+    out-of-range slot fails the stream with a device-side assert at the next sync, which leaves the CUDA
+    context unusable, so ``check=False`` (every translation takes it) skips the device check where the
+    caller vouches for its slots (e.g. the allocator's ``out_cache_loc``). A ``meta`` tensor (no data) is
+    refused with LayoutError.
+
     A ``replicated`` pool (C-POOL; e.g. the KV of a draft model whose attention has no cross-rank softmax
     merge) has no owners: every rank holds all its ``Q`` pages, slots translate as with C = 1 on every
     rank (``read_slots`` and ``write_slots`` return the slot itself, the row in each rank's full copy),
@@ -55,7 +79,7 @@ class SharedKVLayout:
     Raises:
         ConfigError: a size below 1, an unknown ``kind``. LayoutError: a slot ``>= num_slots``, a result that
         overflows the dtype, or an ``out`` of another type, dtype, shape or device, not contiguous, read-only
-        or overlapping ``slots``. PoolKindError: an owner translation of a replicated pool.
+        or overlapping ``slots``, a ``meta`` tensor. PoolKindError: an owner translation of a replicated pool.
     """
 
     cp_size: int
@@ -84,7 +108,7 @@ class SharedKVLayout:
         """Slots (rows) of one lane: ``Q * P``."""
         return self.pages_per_lane * self.page_size
 
-    def lane_of(self, slots, out=None):
+    def lane_of(self, slots, out=None, *, check: bool = True):
         """Owner lane of each slot, ``(slot // P) % C`` (C-LAYOUT); negative slots unchanged.
 
         Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence (slots); ``out`` an
@@ -93,9 +117,9 @@ class SharedKVLayout:
         dtype, slot >= C*Q*P, a bad ``out``); PoolKindError on a replicated pool (C-POOL).
         """
         self._require_owners("lane_of")
-        return self._translate(slots, "lane", lambda s, p, o: p % self.cp_size, out)
+        return self._translate(slots, "lane", lambda s, p, o: p % self.cp_size, out, check)
 
-    def write_slots(self, slots, out=None):
+    def write_slots(self, slots, out=None, *, check: bool = True):
         """Row of each slot in its owner's own lane buffer, ``(p // C) * P + o`` (C-LAYOUT, direct write).
 
         Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence; -1 passes through;
@@ -105,10 +129,10 @@ class SharedKVLayout:
         rank's full copy.
         """
         if self.kind == "replicated":
-            return self._same_slots(slots, out)
-        return self._translate(slots, "write", lambda s, p, o: (p // self.cp_size) * self.page_size + o, out)
+            return self._same_slots(slots, out, check)
+        return self._translate(slots, "write", lambda s, p, o: (p // self.cp_size) * self.page_size + o, out, check)
 
-    def read_slots(self, slots, out=None):
+    def read_slots(self, slots, out=None, *, check: bool = True):
         """Row of each slot in the rank-major view, ``((p % C) * Q + p // C) * P + o`` (C-LAYOUT).
 
         Args: ``slots`` any shape, integer numpy array / torch tensor / Python sequence; -1 passes through;
@@ -118,11 +142,11 @@ class SharedKVLayout:
         (C-POOL): the slot itself.
         """
         if self.kind == "replicated":
-            return self._same_slots(slots, out)
+            return self._same_slots(slots, out, check)
         C, Q, P = self.cp_size, self.pages_per_lane, self.page_size
-        return self._translate(slots, "read", lambda s, p, o: ((p % C) * Q + p // C) * P + o, out)
+        return self._translate(slots, "read", lambda s, p, o: ((p % C) * Q + p // C) * P + o, out, check)
 
-    def owned_mask(self, slots, rank: int):
+    def owned_mask(self, slots, rank: int, *, check: bool = True):
         """Bool mask, same shape: ``slot >= 0 and lane(slot) == rank`` (C-LAYOUT); numpy in, numpy out.
 
         Raises: LayoutError for ``rank`` not an integer (a bool included) or outside ``[0, C)``, or bad slots (as ``lane_of``); PoolKindError on a
@@ -130,9 +154,16 @@ class SharedKVLayout:
         """
         self._require_owners("owned_mask")
         rank = check_lane("rank", rank, self.cp_size, LayoutError)
-        slots = self._check(slots)
+        slots = self._check(slots, check)
         wide = slots.to(_torch_int64()) if _is_torch(slots) else slots.astype(np.int64, copy=False)
         return (wide >= 0) & ((wide // self.page_size) % self.cp_size == rank)  # int64: no dtype overflow
+
+    def check_slots(self, slots, check: bool = True):
+        """``slots`` (integer numpy array, torch tensor or sequence) checked as every translation checks them:
+        LayoutError for a non-integer dtype, a ``meta`` tensor or (on the host) a slot ``>= num_slots``; on
+        another device the range check is queued there (no sync), or skipped with ``check=False``.
+        Returns the slots (a sequence as numpy)."""
+        return self._check(slots, check)
 
     def _require_owners(self, what: str) -> None:
         """PoolKindError when this pool is replicated: it has no owner lanes to translate to (C-POOL)."""
@@ -143,25 +174,36 @@ class SharedKVLayout:
                 f"(the slot itself) and no owner filter"
             )
 
-    def _same_slots(self, slots, out=None):
+    def _same_slots(self, slots, out=None, check: bool = True):
         """A replicated pool's translation (C = 1 on every rank): a copy of the checked ``slots`` (into
         ``out`` when given)."""
-        slots = self._check(slots)
+        slots = self._check(slots, check)
         if out is None:
             return slots.clone() if _is_torch(slots) else slots.copy()
         _check_out(slots, out)
         out.copy_(slots) if _is_torch(slots) else np.copyto(out, slots)
         return out
 
-    def _check(self, slots):
-        """``slots`` as an integer numpy array or torch tensor, all ``< C*Q*P``; else LayoutError."""
+    def _check(self, slots, check: bool = True):
+        """``slots`` as an integer numpy array or torch tensor, all ``< C*Q*P``; else LayoutError (on a device
+        other than the CPU the range check is queued there, or skipped with ``check=False``: no sync)."""
         if _is_torch(slots):
             import torch
 
+            if slots.device.type == "meta":
+                raise LayoutError(
+                    f"slots are a meta tensor {tuple(slots.shape)} {slots.dtype}: it holds no slot values to "
+                    "translate; pass a tensor on a real device (cpu, cuda)"
+                )
             dt = slots.dtype
             if dt.is_floating_point or dt.is_complex or dt == torch.bool:
                 raise LayoutError(f"slots must have an integer dtype, got {dt}")
             n = slots.numel()
+            if n and not _on_host(slots):
+                if check:
+                    top = slots.max().to(torch.int64)  # compared in int64: num_slots may not fit the dtype
+                    _assert_on_device(top < self.num_slots, self._range_text("a slot"))
+                return slots
         else:
             if not isinstance(slots, np.ndarray):
                 slots = np.asarray(slots)
@@ -171,14 +213,17 @@ class SharedKVLayout:
                 raise LayoutError(f"slots must have an integer dtype, got {slots.dtype}")
             n = slots.size
         if n and int(slots.max()) >= self.num_slots:
-            raise LayoutError(
-                f"slot {int(slots.max())} out of range: the pool has {self.num_slots} slots ("
-                + (f"cp_size={self.cp_size} x " if self.kind == "sharded" else "replicated: ")
-                + f"pages_per_lane={self.pages_per_lane} x page_size={self.page_size})"
-            )
+            raise LayoutError(self._range_text(f"slot {int(slots.max())}"))
         return slots
 
-    def _translate(self, slots, kind: str, fn, out=None):
+    def _range_text(self, what: str) -> str:
+        return (
+            f"{what} out of range: the pool has {self.num_slots} slots ("
+            + (f"cp_size={self.cp_size} x " if self.kind == "sharded" else "replicated: ")
+            + f"pages_per_lane={self.pages_per_lane} x page_size={self.page_size})"
+        )
+
+    def _translate(self, slots, kind: str, fn, out=None, check: bool = True):
         """numpy arrays and CPU tensors: the blocked kernel ``_translate_numpy``; other devices, and any
         input the kernel finds out of range or overflowing, take ``_map`` (the formula ``fn`` as written,
         which raises the errors). With ``out``, the result is written into it."""
@@ -191,7 +236,7 @@ class SharedKVLayout:
             import torch
 
             numpy_dtypes = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-            if slots.device.type == "cpu" and slots.dtype in numpy_dtypes:  # zero-copy numpy views
+            if _on_host(slots) and slots.dtype in numpy_dtypes:  # zero-copy numpy views
                 res = self._translate_numpy(slots.numpy(), kind, None if out is None else out.numpy())
                 if res is not None:
                     return out if out is not None else torch.from_numpy(res)
@@ -199,7 +244,7 @@ class SharedKVLayout:
             res = self._translate_numpy(slots, kind, out)
             if res is not None:
                 return res
-        res = self._map(slots, fn)
+        res = self._map(slots, fn, check)
         if out is None:
             return res
         out.copy_(res) if torch_in else np.copyto(out, res)
@@ -263,8 +308,8 @@ class SharedKVLayout:
                     np.copyto(dst, blk, where=nb)  # negative slots pass through
         return out
 
-    def _map(self, slots, fn):
-        slots = self._check(slots)
+    def _map(self, slots, fn, check: bool = True):
+        slots = self._check(slots, check)
         if _is_torch(slots):
             import torch
 
@@ -274,7 +319,11 @@ class SharedKVLayout:
             s = slots.astype(np.int64, copy=False)
             out = np.where(s >= 0, fn(s, s // self.page_size, s % self.page_size), s)
         if out.dtype != slots.dtype:
-            if (out.numel() if _is_torch(out) else out.size) and int(out.max()) > _int_max(slots.dtype):
+            if _is_torch(out) and out.numel() and not _on_host(out):  # queued on the device: no sync
+                if check:
+                    fits = out.max() <= _int_max(slots.dtype)
+                    _assert_on_device(fits, f"a translated slot does not fit {slots.dtype}")
+            elif (out.numel() if _is_torch(out) else out.size) and int(out.max()) > _int_max(slots.dtype):
                 raise LayoutError(f"translated slot {int(out.max())} does not fit dtype {slots.dtype}")
             out = out.to(slots.dtype) if _is_torch(out) else out.astype(slots.dtype)
         return out

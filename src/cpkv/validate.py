@@ -6,6 +6,7 @@ caller never catches one error to raise another. Two families:
 
 - scalars: ``as_int``, ``check_int``, ``check_lane``, ``check_cp_size``, ``per_lane_ints`` (sizes, lanes,
   capacities) and ``check_scalar`` / ``check_len`` (lengths and batch indices);
+- JSON input: ``duplicate_key`` (a key written twice in one object, which JSON readers take silently);
 - arrays: ``as_int_array`` (lists, numpy, tensors on any device that hold data), ``lengths`` (a batch's
   ``prefix_lens`` and ``extend_lens``), ``optional_lanes`` (head owners, phases) and the plan-size bound
   ``plan_bytes`` / ``check_plan_size``.
@@ -16,6 +17,8 @@ only on a miss runs the slow checks that explain what is wrong: the same result 
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 
 import numpy as np
@@ -270,6 +273,42 @@ def exact_sum(values: np.ndarray) -> int:
     """Sum of non-negative int64 values as a Python int, without int64 overflow."""
     total = float(values.sum(dtype=np.float64))
     return int(values.sum()) if total < 2**62 else int(total)
+
+
+# ------------------------------------------------------------------------------------------ JSON input
+class _Twice(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _no_twice(pairs: list[tuple[str, object]]) -> dict:
+    seen: dict = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _Twice(key)
+        seen[key] = value
+    return seen
+
+
+def duplicate_key(text: str | bytes) -> str | None:
+    """The first key written twice in one JSON object of ``text`` (at any depth), else None (also for text
+    that is not JSON: the caller's parser names that). JSON readers keep the last value of a repeated key
+    without a word, so cpkv's inputs refuse it (C-FAIL-FAST)."""
+    try:
+        json.loads(text, object_pairs_hook=_no_twice)
+    except _Twice as e:
+        return e.key
+    except (ValueError, RecursionError):
+        return None
+    return None
+
+
+def duplicate_key_line(text: str, start: int, end: int, key: str) -> int:
+    """1-based line of the second ``"key":`` in ``text[start:end]`` (one JSON object that holds it twice)."""
+    pattern = re.compile(re.escape(json.dumps(key)) + r"\s*:")
+    hits = [m.start() for m in pattern.finditer(text, start, end)]
+    pos = hits[1] if len(hits) > 1 else start
+    return text.count("\n", 0, pos) + 1
 
 
 # ---------------------------------------------------------------------------------------- plan size

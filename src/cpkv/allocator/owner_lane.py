@@ -236,7 +236,9 @@ class OwnerLaneAllocator:
             ``ExtendAllocation`` (``plan`` is this plan).
 
         Raises:
-            StalePlanError: a plan this allocator did not make or already allocated, other ``last_locs``, or
+            StalePlanError: a plan this allocator did not make or already allocated (a plan commits once: its
+                ``copy.copy`` / ``dataclasses.replace`` copies share its stamp; a deep copy or an unpickled
+                plan is refused), other ``last_locs``, or
                 phases the free pages no longer choose (plan again). AllocatorError: a ``last_loc`` on a page freed since.
                 LaneExhausted: a lane is short. In every case nothing is allocated.
         """

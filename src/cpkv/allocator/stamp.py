@@ -5,12 +5,18 @@ A plan is a function of its lengths, its ``last_locs`` (head owners) and, under 
 pages per lane it was made under. ``allocate`` commits a plan only while it is the one ``plan_extend``
 would make now, and only once: a plan of another allocator, of other ``last_locs``, already committed, or
 (``balanced``) whose phases the current free pages no longer choose is refused before any page is taken.
+
+Once, however the plan was copied: the allocator keeps a weak table of its open stamps (made, not yet
+committed), keyed by serial. A shallow copy (``copy.copy``, ``dataclasses.replace``) shares its plan's
+stamp object, so after either commits the stamp is closed for both; a deep copy or an unpickled plan holds
+another stamp object, never the open one, and is refused. The table holds no plan alive: a stamp no plan
+references any more drops out of it.
 """
 
 from __future__ import annotations
 
+import itertools
 import weakref
-from typing import NamedTuple
 
 import numpy as np
 
@@ -25,14 +31,18 @@ from .pool import LanePool
 _I64 = np.int64
 
 
-class PlanStamp(NamedTuple):
-    """A plan's maker (an allocator's token), its ``last_locs`` (bytes), the pool's change count when it was
-    made, and (``balanced``) the free pages per lane as bytes, else None."""
+class PlanStamp:
+    """A plan's maker (an allocator's token), its serial (unique per allocator), its ``last_locs`` (bytes), the
+    pool's change count when it was made, and (``balanced``) the free pages per lane as bytes, else None.
+    Compared by identity: only the stamp object ``plan_extend`` made is open for a commit."""
 
-    maker: object
-    last_locs: bytes
-    changes: int
-    free: bytes | None
+    __slots__ = ("maker", "serial", "last_locs", "changes", "free", "__weakref__")
+
+    def __init__(self, maker: object, serial: int, last_locs: bytes, changes: int, free: bytes | None) -> None:
+        self.maker, self.serial, self.last_locs, self.changes, self.free = maker, serial, last_locs, changes, free
+
+    def __reduce__(self):  # a pickled or deep-copied stamp is another object: never the open one
+        return PlanStamp, (None, self.serial, self.last_locs, self.changes, self.free)
 
 
 class Commits:
@@ -45,7 +55,8 @@ class Commits:
     def __init__(self, config: CPConfig, pool: LanePool) -> None:
         self.config, self.pool = config, pool
         self.maker = object()
-        self._done: weakref.WeakSet = weakref.WeakSet()
+        self._serials = itertools.count()
+        self._open: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # serial -> open stamp
 
     def __getstate__(self) -> dict:  # a copied or unpickled allocator commits its own plans, none yet
         return {"config": self.config, "pool": self.pool}
@@ -55,16 +66,27 @@ class Commits:
 
     def stamp(self, last: np.ndarray, balanced: bool) -> PlanStamp:
         """The stamp of a plan made now with ``last`` (int64 ``[B]`` ``last_locs``)."""
-        return PlanStamp(self.maker, last.tobytes(), self.pool.changes, self.pool.free.tobytes() if balanced else None)
+        free = self.pool.free.tobytes() if balanced else None
+        stamp = PlanStamp(self.maker, next(self._serials), last.tobytes(), self.pool.changes, free)
+        self._open[stamp.serial] = stamp
+        return stamp
 
     def check(self, plan: BatchPlan, last_locs) -> np.ndarray:
         """``last_locs`` as int64 ``[B]`` when ``plan`` may be committed now, else StalePlanError (or the
         AllocatorError of a ``last_loc`` on a page freed since); changes nothing."""
         stamp = plan.stamp if isinstance(plan, BatchPlan) else None
+        if isinstance(stamp, PlanStamp) and stamp.maker is None:
+            raise StalePlanError(
+                f"the plan (serial {stamp.serial}) is a deep copy or an unpickled copy, not the plan plan_extend "
+                "made; commit that plan or plan the batch again"
+            )
         if not isinstance(stamp, PlanStamp) or stamp.maker is not self.maker:
             raise StalePlanError("allocate takes a plan this allocator's plan_extend made; plan the batch with it")
-        if plan in self._done:
-            raise StalePlanError("the plan was allocated already (a plan commits once); plan the batch again")
+        if self._open.get(stamp.serial) is not stamp:
+            raise StalePlanError(
+                f"the plan (serial {stamp.serial}) was allocated already, by it or a copy (a plan commits once); "
+                "plan the batch again"
+            )
         last = as_int_array("last_locs", last_locs, plan.num_requests)
         if last.tobytes() != stamp.last_locs:
             made = np.frombuffer(stamp.last_locs, dtype=_I64).tolist()
@@ -82,5 +104,5 @@ class Commits:
         return last
 
     def committed(self, plan: BatchPlan) -> None:
-        """``plan`` was allocated: it commits no second time."""
-        self._done.add(plan)
+        """``plan`` was allocated: it and every copy of it commit no second time (its stamp is closed)."""
+        self._open.pop(plan.stamp.serial, None)

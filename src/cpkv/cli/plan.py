@@ -9,6 +9,7 @@ import click
 
 from ..config import OWNER_POLICIES, CPConfig
 from ..sim.config import SimConfig
+from ..validate import duplicate_key, duplicate_key_line
 from .options import FilePath, InputError
 
 
@@ -87,12 +88,18 @@ def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:
     """Read ``[{"prefix_len": int, "extend_len": int, "head_owner"?: int | null}, ...]`` from ``path``.
 
     Raises:
-        InputError: unreadable file, bad JSON or a bad entry (names the file and the entry index).
+        InputError: unreadable file, bad JSON, a key written twice in one object (names file, line and key)
+            or a bad entry (names the file and the entry index).
     """
     try:
-        rows = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
+        rows = json.loads(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputError(f"{path}: cannot read batch file: {e}") from None
+    key = duplicate_key(text)
+    if key is not None:
+        raise InputError(f"{path}:{_duplicate_line(text, key)}: key {key!r} appears twice in one object (refused: "
+                         "JSON readers keep the last value without a word)")  # fmt: skip
     if not isinstance(rows, list) or not rows:
         raise InputError(f"{path}: expected a non-empty JSON list of requests")
     out: tuple[list[int], list[int], list[int]] = ([], [], [])
@@ -109,6 +116,21 @@ def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:
         for lst, v in zip(out, values, strict=True):
             lst.append(v)
     return out
+
+
+def _duplicate_line(text: str, key: str) -> int:
+    """Line of the second ``key`` in the first entry of the batch list that repeats it (line 1 otherwise)."""
+    decoder, pos = json.JSONDecoder(), text.index("[") + 1 if "[" in text else 0
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            _, end = decoder.raw_decode(text, pos)
+        except ValueError:
+            return 1
+        if duplicate_key(text[pos:end]) is not None:
+            return duplicate_key_line(text, pos, end, duplicate_key(text[pos:end]))
+        pos = end
 
 
 def dump_json(obj: object) -> None:

@@ -196,10 +196,14 @@ def spawn_ranks(
         others = "; ".join(
             f"rank {r}: {o.error!r}" if o.error else f"rank {r}: ok" for r, o in sorted(outcomes.items())
         )
-        raise LaunchError(
-            f"ranks {missing} died or missed the {deadline_s:.0f} s deadline without reporting (exit codes "
-            f"{codes}; None = was still running); every rank was stopped. Reports: {others or 'none'}"
-        )
+        if all(code is not None for code in codes.values()):  # every one of them ended: died, not late
+            why = (f"ranks {missing} died without reporting (exit codes {codes}); every rank was stopped. "
+                   "A rank that dies at start: the ranks are spawned and import the calling script again, so "
+                   'a script calls run_dist under `if __name__ == "__main__":`')  # fmt: skip
+        else:
+            why = (f"ranks {missing} missed the {deadline_s:.0f} s deadline without reporting (exit codes "
+                   f"{codes}; None = was still running); every rank was stopped")  # fmt: skip
+        raise LaunchError(f"{why}. Reports: {others or 'none'}")
     run = DistRun(cp_size=cp_size, outcomes=[outcomes[r] for r in range(cp_size)], wall_s=wall)
     if check:
         run.raise_for_error()

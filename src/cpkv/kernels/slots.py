@@ -118,8 +118,10 @@ def read_slots(layout: SharedKVLayout, slots: torch.Tensor, *, out=None, check: 
         layout: the ``SharedKVLayout`` (C, P, Q).
         slots: integer tensor of any shape (slots).
         out: optional contiguous tensor of the same shape, dtype and device to write into.
-        check: verify ``slots < C*Q*P`` first (one reduction and a device sync); ``False`` skips it for
-            slots known to be in range (out-of-range slots then give meaningless rows).
+        check: verify ``slots < C*Q*P`` first: on the host a LayoutError naming the slot; on a CUDA device
+            one reduction and a device-side assert queued on the stream (no sync: an out-of-range slot fails
+            the stream at the next sync, fatal to the CUDA context); ``False`` skips it for slots known to
+            be in range (out-of-range slots then give meaningless rows).
 
     Raises: LayoutError as ``layout.read_slots``; KernelError for a non-tensor or an ``out`` that does not fit.
     """
@@ -164,10 +166,10 @@ def _translate(layout: SharedKVLayout, kind: str, slots, rank: int | None, out, 
     )
     backend = kernel_backend(slots.device)
     if backend == "torch" or not fits or layout.kind != "sharded":  # a replicated pool has no owners (C-POOL)
-        return into(out, reference(slots, *args))
+        return into(out, reference(slots, *args, check=check))
     n = slots.numel()
-    if check and n and int(slots.max()) >= layout.num_slots:
-        reference(slots, *args)  # raises the reference's LayoutError, naming the slot
+    if check and n:
+        layout.check_slots(slots)  # the reference's LayoutError on the host; queued on a CUDA device
     result = new_out(out, tuple(slots.shape), dtype, slots.device)
     if n == 0:
         return result

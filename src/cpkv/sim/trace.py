@@ -21,6 +21,7 @@ import numpy as np
 from .. import limits
 from ..config import check_int
 from ..errors import CpkvError
+from ..validate import duplicate_key
 
 TRACE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` block in Mooncake traces (the last block of a prompt may be partial)."""
@@ -89,7 +90,7 @@ def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) ->
     ``input_length`` (int >= 1), ``output_length`` (int >= 0) and ``hash_ids`` (list of ints in
     ``[0, 2**63)``, exactly ``ceil(input_length / 512)`` of them; the real conversation trace satisfies
     this on all 12,031 lines). JSON booleans are not integers; integral floats such as ``512.0`` are not
-    integers either. Fields other than these four are ignored. Blank (whitespace-only) lines are allowed
+    integers either. Fields other than these four are ignored; a key written twice in a line is refused. Blank (whitespace-only) lines are allowed
     only after the last request line; a blank line between requests is an error.
 
     Args:
@@ -102,7 +103,7 @@ def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) ->
         (float64 ms).
 
     Raises:
-        TraceError: the file cannot be read, holds no request line, or a line is malformed or would need
+        TraceError: the file cannot be read, holds no request line, or a line is malformed, repeats a key, or would need
             more than ``cpkv.limits.MAX_ARRAY_BYTES`` (8 B per prompt token twice, per output token once), or
             a timestamp float64 cannot hold to ``TIMESTAMP_RESOLUTION_MS`` (a float at or above
             ``MAX_TIMESTAMP_MS``, or a rebased arrival there: step times would be rounded away); the message is ``"{path}:{lineno}: {what}"`` naming the field and value. Nothing is returned.
@@ -132,6 +133,13 @@ def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) ->
             line = _LINE_DECODER.decode(raw)
         except msgspec.MsgspecError as exc:
             raise TraceError(_diagnose(raw, where, exc)) from None
+        if raw.count(b'"') != 8:  # 8 quotes: 4 strings, the 4 keys (distinct); else a key may be twice
+            key = duplicate_key(raw)
+            if key is not None:
+                raise TraceError(
+                    f"{where}: key {key!r} appears twice in one object (refused: JSON readers keep the last "
+                    f"value without a word)"
+                )
         if index == 0:
             previous_ms = first_ms = line.timestamp
         if isinstance(line.timestamp, float) and line.timestamp >= MAX_TIMESTAMP_MS:

@@ -5,20 +5,19 @@ Either way the ``Shipment`` (the workloads and the driver's measured price table
 once (the pool's initializer: once per process; Ray: one object in the object store that every actor
 reads once), then only ``PointTask`` records go out and result dicts (``point.run_task``) come back;
 ``on_result(task, result)`` runs in the driver as each arrives. A worker lost under a point (killed, out
-of memory, a node gone) gives that point ``status: "lost"``, which is not stored, so a re-run retries it.
-Ctrl-C stops every worker and raises KeyboardInterrupt.
+of memory, a node gone) gives that point ``status: "lost"``, which is not stored, so a re-run retries it;
+the other points go on in the same run (a new worker takes its place). Ctrl-C stops every worker and
+raises KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import signal
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 
 from ..cli.options import InputError
 from .point import PointTask, Shipment, one_line, run_task
+from .pool import lost, run_pool
 
 EXECUTORS = ("local", "ray")
 
@@ -28,79 +27,17 @@ RAY_OBJECT_STORE_BYTES = 256 * 2**20
 """Object store of a Ray that the sweep starts itself (Ray's default is 30 % of the machine's memory):
 it holds the shipment once (the full Mooncake trace is about 4 MB pickled, the measured tables 50 kB)."""
 
-_WORKLOADS: dict = {}  # a pool worker's workloads, set once by its initializer
-
-
-def lost(task: PointTask, e: BaseException) -> dict:
-    """The result of a point whose worker was lost (``status: "lost"``, not stored: a re-run retries it)."""
-    return {"key": task.key, "status": "lost", "error": f"the worker was lost: {one_line(e)}", "metrics": None,
-            "per_group": None, "wall_s": None, "cpkv_version": None}  # fmt: skip
-
-
 # ----------------------------------------------------------------------------------------------- local
-def _init_worker(shipment: Shipment) -> None:
-    """Pool initializer: unpack the shipment; leave Ctrl-C to the driver, which stops the pool."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKLOADS.update(shipment.unpack())
-
-
-def _run(task: PointTask) -> dict:
-    return run_task(task, _WORKLOADS)
-
-
 def run_local(tasks: Sequence[PointTask], shipment: Shipment, workers: int | None, on_result: OnResult) -> None:
-    """Replay ``tasks`` on ``workers`` spawned processes (default ``cpu_count()``, at most one per task).
-
-    ``spawn`` (not ``fork``): the driver runs a progress thread, and a forked child of a threaded process
-    may inherit a held lock. Raises KeyboardInterrupt after stopping the workers.
-    """
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
-
-    if not tasks:
-        return
-    ctx = multiprocessing.get_context("spawn")
-    before = {p.pid for p in multiprocessing.active_children()}
-    pool = ProcessPoolExecutor(max_workers=max(1, min(workers or cpu_count(), len(tasks))), mp_context=ctx,
-                               initializer=_init_worker, initargs=(shipment,))  # fmt: skip
-    try:
-        with _sigint_ignored():  # the workers start (at the first submit) ignoring a terminal's Ctrl-C
-            futures = {pool.submit(_run, t): t for t in tasks}
-        for future in as_completed(futures):
-            task = futures[future]
-            try:
-                result = future.result()
-            except BrokenProcessPool as e:
-                result = lost(task, e)
-            on_result(task, result)
-    except BaseException:
-        for p in multiprocessing.active_children():
-            if p.pid not in before:
-                p.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
+    """Replay ``tasks`` on ``workers`` spawned processes (default ``cpu_count()``, at most one per task):
+    ``pool.run_pool``. A worker lost under a point costs that point only. Raises KeyboardInterrupt after
+    stopping the workers."""
+    run_pool(tasks, shipment, workers or cpu_count(), on_result)
 
 
 def cpu_count() -> int:
     """The cores this process may run on (its affinity), else ``os.cpu_count()``."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-@contextmanager
-def _sigint_ignored():
-    """SIGINT ignored for the block (main thread only): processes started inside inherit the ignored
-    disposition through exec, so a Ctrl-C at the terminal, sent to the whole process group, reaches only
-    the driver, which stops them, instead of printing a traceback from each one still importing."""
-    try:
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread: nothing to do
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
 
 
 # ------------------------------------------------------------------------------------------------- ray
@@ -124,6 +61,50 @@ def import_ray():
     return ray
 
 
+RAY_CONNECT_TIMEOUT_S = 10.0
+"""How long ``check_ray_address`` waits for a Ray cluster's head to accept a connection, in seconds."""
+
+
+def check_ray_address(address: str | None, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """InputError (one line) unless ``address`` is None (a local Ray) or a Ray head answers there: ``auto``
+    must find a cluster on this machine, ``[ray://]HOST:PORT`` must accept a TCP connection within
+    ``timeout_s``. Run before any output file exists (``ray.init`` itself retries an address that does not
+    answer for minutes)."""
+    import socket
+
+    if address is None:
+        return
+    if address == "auto":
+        ray = import_ray()
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            found = canonicalize_bootstrap_address("auto")
+        except ConnectionError:
+            found = None
+        except Exception:  # Ray's private helper moved: let ray.init answer (run_ray names its error)
+            return
+        if not found:
+            raise InputError(
+                f"--ray-address auto: no Ray cluster runs on this machine (Ray {ray.__version__}); start one "
+                "with `ray start --head`, or leave out --ray-address for a local Ray"
+            )
+        return
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"--ray-address {address!r} is not HOST:PORT (or auto)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e) or type(e).__name__)
+        raise InputError(
+            f"--ray-address {address}: no Ray head answers at {host}:{port} within {timeout_s:g} s ({why}); "
+            "start it with `ray start --head --port PORT`, or leave out --ray-address for a local Ray"
+        ) from None
+
+
 def run_ray(tasks: Sequence[PointTask], shipment: Shipment, workers: int | None, address: str | None,
             on_result: OnResult) -> None:  # fmt: skip
     """Replay ``tasks`` on Ray actors, one CPU each: ``workers`` of them (default: the cluster's CPUs, at
@@ -139,8 +120,11 @@ def run_ray(tasks: Sequence[PointTask], shipment: Shipment, workers: int | None,
     if started:
         local = {} if address else {"num_cpus": workers or cpu_count(),
                                     "object_store_memory": RAY_OBJECT_STORE_BYTES}  # fmt: skip
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 configure_logging=True, **local)  # fmt: skip
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                     configure_logging=True, **local)  # fmt: skip
+        except ConnectionError as e:  # e.g. the cluster went away since check_ray_address
+            raise InputError(f"--ray-address {address}: {one_line(e)}") from None
     actors: list = []
     try:
         n = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -163,7 +147,7 @@ def run_ray(tasks: Sequence[PointTask], shipment: Shipment, workers: int | None,
             try:
                 result = ray.get(done)
             except ray.exceptions.RayError as e:  # the actor died: a new one takes its place
-                result = lost(task, e)
+                result = lost(task, one_line(e))
                 ray.kill(actor)
                 actors[actors.index(actor)] = actor = actor_class.remote(ref)
             on_result(task, result)

@@ -36,6 +36,10 @@ SWEEP_KEYS = {
 }
 """Grid keys of the sweep itself (not ``cpkv simulate`` settings), with what they mean."""
 
+MAX_POINTS = 100_000
+"""Most points a grid may expand to (the product of its lists' lengths, before ``[[exclude]]``) unless
+``cpkv sweep --max-points`` raises it: counted before any point is built (a point costs a replay)."""
+
 TOP_LEVEL = ("target", "workload", "grid", "exclude")
 """The grid file's top-level keys and tables."""
 
@@ -93,31 +97,40 @@ class Grid:
         return [k for k, v in self.axes.items() if len(v) > 1]
 
     def points(self) -> list[dict[str, tuple[object, object]]]:
-        """Every combination of the axes not matched by an ``[[exclude]]`` rule, in file order (the last key
-        varies fastest): each ``{grid key: (converted value, value as written)}``."""
+        """Every combination of the axes not matched by an ``[[exclude]]`` rule that names only grid keys
+        of the axes, in file order (the last key varies fastest): each ``{grid key: (converted value, value
+        as written)}``. A rule naming a key the grid does not is matched later, against the value the
+        replay uses (``excluded``)."""
         keys = list(self.axes)
-        defaults = {k: (_default(k),) for rule in self.excludes for k in rule if k not in self.axes}
+        named = [rule for rule in self.excludes if rule.keys() <= self.axes.keys()]
         out = []
         for idx in itertools.product(*(range(len(self.axes[k])) for k in keys)):
             point = {k: (self.axes[k][i], self.given[k][i]) for k, i in zip(keys, idx, strict=True)}
-            if not any(all(point.get(k, defaults.get(k))[0] in vals for k, vals in rule.items())
-                       for rule in self.excludes):  # fmt: skip
+            if not any(all(point[k][0] in vals for k, vals in rule.items()) for rule in named):
                 out.append(point)
         return out
 
+    def excluded(self, values: dict, used: dict) -> bool:
+        """Whether a rule naming a key the grid does not name matches a point: ``values`` (grid key ->
+        converted value) for the keys of the axes, ``used`` (grid key -> the value the replay uses, the
+        results.csv column: the workload's or ``cpkv simulate``'s default) for the others."""
+        for rule in self.excludes:
+            if rule.keys() <= self.axes.keys():
+                continue
+            if all(_same(values[k] if k in self.axes else used.get(k), vals) for k, vals in rule.items()):
+                return True
+        return False
 
-def _default(key: str) -> object:
-    """The value a grid key takes when the grid does not name it (``cpkv simulate``'s default)."""
-    if key == "groups":
-        return 1
-    if key == "routing":
-        return ROUTINGS[0]
-    option = setting_options()[key]
-    return option.get_default(click.Context(simulate))
+
+def _same(value: object, values: tuple) -> bool:
+    """``value`` is one of ``values``, a list of per-lane pages comparing as a tuple."""
+    norm = (lambda v: tuple(v) if isinstance(v, (list, tuple)) else v)  # noqa: E731
+    return norm(value) in {norm(v) for v in values}
 
 
-def read_grid(path: Path) -> Grid:
-    """Read and check the grid file ``path``; GridError (one line naming the file and key) otherwise."""
+def read_grid(path: Path, max_points: int = MAX_POINTS) -> Grid:
+    """Read and check the grid file ``path``; GridError (one line naming the file and key) otherwise, or
+    naming the grid's size when its lists make more than ``max_points`` points (counted, not built)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -145,6 +158,13 @@ def read_grid(path: Path) -> Grid:
         axes[key], given[key] = tuple(converted), tuple(values)
     if "policy" not in axes:  # as cpkv simulate: every policy
         axes["policy"] = given["policy"] = OWNER_POLICIES
+    size = 1
+    for values in axes.values():
+        size *= len(values)
+    if size > max_points:
+        sizes = " x ".join(f"{len(v):,} {k}" for k, v in axes.items())
+        raise GridError(f"{where} the grid has {size:,} points ({sizes}), above the limit of {max_points:,}: "
+                        "narrow it, or raise the limit with --max-points")  # fmt: skip
     raw_rules = doc.get("exclude", [])
     if not isinstance(raw_rules, list) or not all(isinstance(r, dict) for r in raw_rules):
         raise GridError(f"{where} exclude must be [[exclude]] tables")

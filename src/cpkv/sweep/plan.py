@@ -26,7 +26,7 @@ from ..cost.spec import CostExtraMissing
 from ..errors import CpkvError
 from ..sim.config import SimConfig
 from ..sim.storage import OWNER_LANE
-from .grid import Grid
+from .grid import Grid, GridError
 from .groups import ROUTINGS
 from .point import PointTask, one_line, point_key, simulate_options, workload_digest
 
@@ -88,6 +88,7 @@ def plan_sweep(grid: Grid) -> SweepPlan:
     """Every point of ``grid`` made ready to replay (see the module docstring).
 
     Raises:
+        GridError: more groups than the workload has requests; ``[[exclude]]`` rules that exclude every point.
         CostExtraMissing: a point asks for the measured model and aiconfigurator is not installed (it would
             fail every such point: the sweep stops before any, exit 2).
         CpkvError: the workload cannot be read or generated (TraceError, ConfigError: exit 2).
@@ -97,7 +98,8 @@ def plan_sweep(grid: Grid) -> SweepPlan:
     plan = SweepPlan([], {}, {}, config_columns())
     specs: dict[tuple, tuple] = {}  # workload identity -> (spec, digest)
     provenance_of: dict[tuple, dict] = {}
-    for index, point in enumerate(grid.points(), 1):
+    index, kept = 0, set()  # points kept, the workloads they read
+    for point in grid.points():
         values = {k: v for k, (v, _) in point.items()}
         groups, routing = values.get("groups", 1), values.get("routing", ROUTINGS[0])
         options = simulate_options(grid.workload, values)
@@ -109,23 +111,39 @@ def plan_sweep(grid: Grid) -> SweepPlan:
             specs[ident] = (spec, workload_digest(spec.requests))
             plan.workloads[specs[ident][1]] = spec
         spec, digest = specs[ident]
-        row = {"point": index, "status": None, "error": None, "key": None,
+        if groups > len(spec.requests):  # before any split or replay: a group of no request is no CP group
+            raise GridError(f"{grid.path}: groups = {groups:,} splits a workload of {len(spec.requests):,} requests: "
+                            f"{groups - len(spec.requests):,} groups would get none; at most one group per request")  # fmt: skip
+        row = {"point": None, "status": None, "error": None, "key": None,
                "_settings": {k: g for k, (_, g) in point.items()}, "_sim_config": None, "_provenance": None}  # fmt: skip
         try:
-            config = config_of(options, spec)
-            cost_id = (config.measured, config.cp_size, config.cost)
-            if cost_id not in provenance_of:
-                cost = step_cost(config)
-                provenance_of[cost_id] = cost.provenance()
-                if config.measured is not None:
-                    plan.price_tables[config.measured, config.cp_size] = cost.tables
-            provenance = provenance_of[cost_id]
+            config, provenance = config_of(options, spec), None
+        except CostExtraMissing:
+            raise
+        except CpkvError as e:
+            config = None
+            row.update(status="failed", error=one_line(e))
+        row["_config"] = {**resolved(options, config), "groups": groups, "routing": routing}
+        if grid.excluded(values, row["_config"]):  # a rule on a key the grid does not name: the value used
+            continue
+        index += 1
+        row["point"] = index
+        kept.add(digest)
+        try:
+            if config is not None:
+                cost_id = (config.measured, config.cp_size, config.cost)
+                if cost_id not in provenance_of:
+                    cost = step_cost(config)
+                    provenance_of[cost_id] = cost.provenance()
+                    if config.measured is not None:
+                        plan.price_tables[config.measured, config.cp_size] = cost.tables
+                provenance = provenance_of[cost_id]
         except CostExtraMissing:
             raise
         except CpkvError as e:
             config, provenance = None, None
             row.update(status="failed", error=one_line(e))
-        row["_config"] = {**resolved(options, config), "groups": groups, "routing": routing}
+            row["_config"] = {**resolved(options, None), "groups": groups, "routing": routing}
         row.update(row["_config"])
         cp = row["cp_size"]
         row["gpus"] = cp * groups if isinstance(cp, int) else None
@@ -136,5 +154,8 @@ def plan_sweep(grid: Grid) -> SweepPlan:
             key = row["key"] = point_key(digest, config, values["policy"], groups, routing, provenance, design)
             plan.tasks.setdefault(key, PointTask(key, digest, config, values["policy"], groups, routing, design))
         plan.rows.append(row)
+    if not plan.rows:
+        raise GridError(f"{grid.path}: the [[exclude]] rules exclude every point of the grid")
+    plan.workloads = {d: s for d, s in plan.workloads.items() if d in kept}  # none of excluded points only
     plan.provenances = list(provenance_of.values())
     return plan

@@ -77,8 +77,11 @@ def results_json(rows: Sequence[dict], records: Sequence[dict | None], header: d
 
 
 def design_of(row: dict, varied: Sequence[str]) -> tuple:
-    """The design of a point: its values of the varied grid keys other than ``groups``."""
-    return tuple((k, row["_settings"][k]) for k in varied if k != "groups")
+    """The design of a point: its values of the varied grid keys other than ``groups``; ``policy`` None where
+    the replay has no owner policy (a KV storage design other than owner-lane places pages its own way, so
+    its points under two policies are one design, one row of the table)."""
+    return tuple((k, None if k == "policy" and row.get("policy") is None else row["_settings"][k])
+                 for k in varied if k != "groups")  # fmt: skip
 
 
 def designs(rows: Sequence[dict], varied: Sequence[str], target) -> list[dict]:
@@ -151,7 +154,7 @@ def print_summary(table: list[dict], varied: Sequence[str], title: str, target, 
     for d in table[:SUMMARY_SHOWN]:
         row = d["row"] or {}
         served = f"{row['requests_finished']:,}/{row['requests_total']:,}" if row else "-"
-        cells = [str(d[k]) for k in keys] + ["yes" if d["fits"] else "no", served]
+        cells = ["-" if d[k] is None else str(d[k]) for k in keys] + ["yes" if d["fits"] else "no", served]
         out.add_row(*cells, *(format_value(m, row.get(m)) for m in shown))
     console.print(out)
     if len(table) > SUMMARY_SHOWN:

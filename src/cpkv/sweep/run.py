@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..sim.report import ReportWriteError, prepare_out_dir, write_atomic
-from .columns import TIMING_FIELDS
+from .columns import METRIC_FIELDS, TIMING_FIELDS
 from .executors import run_local, run_ray
 from .grid import Grid
 from .plan import SweepPlan, plan_sweep
@@ -26,12 +26,18 @@ OUTPUT_FILES = ("results.csv", "results.json", "summary.csv", "pareto.png", "hit
 POINTS_DIR = "points"
 
 
-class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a sweep, after the finished points' results were written: ``line`` says what."""
+class SweepTerminated(KeyboardInterrupt):
+    """SIGTERM, turned into this interrupt by ``cpkv sweep`` (its handler raises it): a sweep stops as on
+    Ctrl-C, and the command exits 143 (128 + SIGTERM) instead of 130."""
 
-    def __init__(self, line: str) -> None:
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM: ``terminated``) during a sweep, after the finished points' results were
+    written: ``line`` says what."""
+
+    def __init__(self, line: str, terminated: bool = False) -> None:
         super().__init__(line)
-        self.line = line
+        self.line, self.terminated = line, terminated
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,8 @@ def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | 
     Raises:
         ReportWriteError: ``out_dir`` cannot be written (before any replay).
         GridError, CpkvError: see ``plan_sweep``.
-        SweepInterrupted: Ctrl-C; the finished points are stored and the results of those written.
+        SweepInterrupted: Ctrl-C or ``SweepTerminated`` (SIGTERM; ``.terminated``); the finished points are
+            stored and the results of those written.
     """
     from rich import progress as rp
 
@@ -95,7 +102,7 @@ def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | 
             per_key[r["key"]] = per_key.get(r["key"], 0) + 1
             first_row.setdefault(r["key"], r)
     lost: dict[str, dict] = {}
-    status = "complete"
+    status, terminated = "complete", False
     try:
         with rp.Progress(*columns, disable=not progress, transient=False) as bar:
             job = bar.add_task(f"cpkv sweep ({executor})", total=len(plan.rows), completed=len(done), failed=failed)
@@ -122,15 +129,16 @@ def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | 
                 run_ray(todo, _needed(plan, todo), workers, ray_address, on_result)
             else:
                 run_local(todo, _needed(plan, todo), workers, on_result)
-    except KeyboardInterrupt:
-        status = "interrupted"
+    except KeyboardInterrupt as e:
+        status, terminated = "interrupted", isinstance(e, SweepTerminated)
     rows = _fill(plan, records, lost)
     paths = _write(out_dir, grid, plan, rows, [records.get(r["key"]) for r in rows], status)
     outcome = SweepOutcome(rows, len(records) - stored, stored, failed, paths, time.perf_counter() - t0)
     if status == "interrupted":
         finished = sum(1 for r in rows if r["status"] in ("ok", "failed"))
         raise SweepInterrupted(f"interrupted after {finished} of {len(rows)} points; wrote {out_dir}/results.csv "
-                               "(finished points only): run the same command again to replay the rest")  # fmt: skip
+                               "(finished points only): run the same command again to replay the rest",
+                               terminated)  # fmt: skip
     if table:
         print_summary(designs(rows, grid.varied, grid.target), grid.varied, _title(grid, plan), grid.target)
     return outcome
@@ -142,12 +150,22 @@ def _needed(plan: SweepPlan, todo: list) -> Shipment:
 
 
 def _load(path: Path, key: str) -> dict | None:
-    """A stored point's record, or None (no file, or not a complete record of ``key``)."""
+    """A stored point's record, or None (then the point is replayed): no file, not JSON, or not a complete
+    record of ``key`` as ``_record`` writes it (``ok``: ``metrics`` a table of every metric column and
+    no error; ``failed``: a one-line error and no metrics; ``per_group`` a list of tables or null)."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    ok = isinstance(record, dict) and record.get("key") == key and record.get("status") in ("ok", "failed")
+    if not isinstance(record, dict) or record.get("key") != key or record.get("cpkv_version") != CPKV_VERSION:
+        return None
+    status, error, metrics, groups = (record.get(k) for k in ("status", "error", "metrics", "per_group"))
+    if groups is not None and not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups)):
+        return None
+    if status == "ok":
+        ok = error is None and isinstance(metrics, dict) and all(f in metrics for f in METRIC_FIELDS)
+    else:
+        ok = status == "failed" and isinstance(error, str) and metrics is None
     return record if ok else None
 
 

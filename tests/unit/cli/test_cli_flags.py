@@ -5,7 +5,7 @@ import click
 import pytest
 
 from cpkv.cli import app
-from cpkv.executor.__main__ import main as torchrun_main
+from cpkv.executor.__main__ import command as torchrun_main
 
 pytestmark = pytest.mark.unit
 
@@ -16,7 +16,8 @@ FLAGS = {
                  "--host-pages-per-lane", "--kv-storage", "--logits-budget-mb", "--max-batch-tokens", "--max-requests", "--model",
                  "--no-progress", "--out", "--page-size", "--pages-per-lane", "--policy", "--seed", "--spec-accept-rate",
                  "--spec-draft-tokens", "--trace", "--workload"],
-    "sweep": ["--executor", "--no-progress", "--out", "--ray-address", "--retry-failed", "--workers", "grid_file"],
+    "sweep": ["--executor", "--max-points", "--no-progress", "--out", "--ray-address", "--retry-failed", "--workers",
+              "grid_file"],
     "run-dist": ["--attention", "--chunks", "--cp-size", "--decode-steps", "--extend-len", "--index-heads",
                  "--index-topk", "--json", "--kv-access", "--kv-mode", "--layers", "--no-reuse", "--page-size",
                  "--pages-per-lane", "--policy", "--prefix-len", "--reuse", "--seed"],
