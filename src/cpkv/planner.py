@@ -1,6 +1,7 @@
-"""Owner planning: rotation phase, zigzag page owners, head tokens, batches, gather index.
+"""Owner planning: rotation phase, zigzag or interleaved page owners, head tokens, batches, gather index.
 
-Implements SPEC C-PHASE, C-ZIGZAG, C-HEAD, C-OWNER-EQ-COMPUTE, C-BATCH, C-BS1-COMPATIBILITY and C-GATHER.
+Implements SPEC C-PHASE, C-ZIGZAG, C-INTERLEAVE, C-HEAD, C-OWNER-EQ-COMPUTE, C-BATCH, C-BS1-COMPATIBILITY and
+C-GATHER.
 
 One code path: ``plan_request`` is ``plan_batch`` of one request. The batch planner is vectorised over
 requests, pages and tokens at once (numpy; no Python loop over tokens or pages), and every request is
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .config import LEGACY, CPConfig
+from .config import INTERLEAVE, LEGACY, CPConfig
 from .errors import PlanError, UnsupportedPagePlan
 from .plan import BatchPlan, RequestPlan
 from .policy import rotation_phase, zigzag_lane_pages
@@ -70,7 +71,7 @@ def plan_request(
     head_owner: int | None = None,
     phase: int | None = None,
 ) -> RequestPlan:
-    """Plan the owners of one request's extend tokens (SPEC C-PHASE, C-ZIGZAG, C-HEAD).
+    """Plan the owners of one request's extend tokens (SPEC C-PHASE, C-ZIGZAG or C-INTERLEAVE, C-HEAD).
 
     The same code path as ``plan_batch`` (C-BS1-COMPATIBILITY): this is the batch planner on a batch of
     one whose request sits at ``req_index``.
@@ -78,14 +79,15 @@ def plan_request(
     Args:
         prefix_len: tokens already in the KV cache (L0 >= 0).
         extend_len: new tokens (E >= 0).
-        config: the CP group's ``CPConfig`` (cp_size, page_size, owner_policy).
+        config: the CP group's ``CPConfig`` (cp_size, page_size, owner_policy, cp_strategy).
         req_index: position of the request in its batch, ``0 <= req_index <= MAX_POSITION``; enters the
             rotation phase.
         head_owner: lane of the page holding ``last_loc`` (needed when ``L0 % P != 0`` and ``E > 0``).
         phase: explicit phase in ``[0, C)`` (used by the ``balanced`` allocator); overrides the policy.
 
     Returns:
-        A ``RequestPlan``; e.g. C=4, P=64, L0=0, E=1000: page_owners ``[0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0]``.
+        A ``RequestPlan``; e.g. C=4, P=64, L0=0, E=1000: page_owners ``[0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0]``
+        under ``zigzag``, ``[0,1,2,3] * 4`` under ``interleave`` (per_rank_tokens ``[256,256,256,232]``).
 
     Raises:
         PlanError: a non-integer argument (a bool, a float; the message names ``prefix_len``, ``extend_len``,
@@ -146,7 +148,8 @@ def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index:
 
 def plan_arrays(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners, phases, first_index: int = 0,
                 lanes_valid: bool = False, stamp: object = None) -> BatchPlan:  # fmt: skip
-    """``plan_batch`` for a caller that has already checked the lengths (C-BATCH, C-HEAD, C-ZIGZAG).
+    """``plan_batch`` for a caller that has already checked the lengths (C-BATCH, C-HEAD, C-ZIGZAG,
+    C-INTERLEAVE: ``config.cp_strategy`` picks the page rule).
 
     Args:
         L0, E: ``[B]`` int64 prefix and extend lengths as ``validate.lengths`` returns them (valid; copied,
@@ -195,7 +198,8 @@ def plan_arrays(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners,
         phase = rotation_phase(L0, req_idx, P, C)
 
     head = np.where(h > 0, head, -1)  # a head owner is recorded only where head tokens exist (C-HEAD)
-    m, page_owners, runs, last_owner = _runs(E, h, head, phase, C, P)
+    split = _interleave_runs if config.cp_strategy == INTERLEAVE else _runs
+    m, page_owners, runs, last_owner = split(E, h, head, phase, C, P)
     per_req = np.bincount(runs.req * C + runs.owner, weights=runs.length, minlength=B * C)
     per_req = per_req.astype(_I64).reshape(B, C)
     per_rank = np.add.reduce(per_req, axis=0)
@@ -249,6 +253,46 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
     runs = TokenRuns(req=keep // (S + 1), owner=flat_owner.take(keep), length=flat_len.take(keep),
                      pages=pages.ravel().take(keep))  # fmt: skip
     return m, np.repeat(flat_owner, pages.ravel()), runs, flat_owner.take(last)
+
+
+def _interleave_runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, TokenRuns, np.ndarray]:
+    """C-HEAD and C-INTERLEAVE at run granularity, the same outputs as ``_runs``: per request its head run
+    (h tokens, no new page), then one run per new page, new page k owned by lane ``(phase + k) % C``.
+
+    The ``t = E - h`` tokens past the head start a new page, so ``m = ceil(t / P)``; every page run holds P
+    tokens but a request's last, which lacks ``(-t) % P``; its lane owns the last token (the head's when
+    m == 0). Flat page j of request i is its page ``k = j - page_indptr[i]``, so its lane is
+    ``(j + phase_i - page_indptr[i]) % C``: one ramp, one repeat, one modulo over the pages. Empty runs are
+    dropped. Example C=2, P=64, L0=100, E=200, head owner 1, phase 1: h=28, m=3 -> runs (rank, tokens)
+    (1, 28), (1, 64), (0, 64), (1, 44); C=4, m=16, phase 0: page owners [0,1,2,3] * 4.
+    """
+    B = E.shape[0]
+    t = E - h  # [B] tokens on new pages
+    m = -(-t // P)  # [B] new pages
+    first = indptr(m)  # [B + 1] each request's first flat page
+    N = int(first[-1])
+    shift = (phase - first[:-1]) % C  # [B] lane of flat page j of request i: (j + shift_i) % C
+    ramp = RAMP[:N] if N <= RAMP.shape[0] else np.arange(N, dtype=_I64)
+    page_owners = ramp + (shift[0] if B == 1 else np.repeat(shift, m))
+    page_owners %= C
+    # Runs: request i's head at run index first[i] + i, its pages after it.
+    head_at = first[:-1] + RAMP[:B] if B <= RAMP.shape[0] else first[:-1] + np.arange(B, dtype=_I64)
+    R = N + B
+    owner = np.empty(R, dtype=_I64)
+    length = np.full(R, P, dtype=_I64)
+    pages = np.ones(R, dtype=_I64)
+    is_page = np.ones(R, dtype=bool)
+    is_page[head_at] = False
+    owner[is_page] = page_owners
+    owner[head_at], pages[head_at] = head, 0
+    last = head_at + m  # [B] run of each request's last token (its head run when m == 0)
+    length[last] -= -t % P  # before the heads: where m == 0 the head run is set next
+    length[head_at] = h
+    keep = (length > 0).nonzero()[0]
+    req = np.repeat(np.arange(B, dtype=_I64), m + 1)
+    runs = TokenRuns(req=req.take(keep), owner=owner.take(keep), length=length.take(keep),
+                     pages=pages.take(keep))  # fmt: skip
+    return m, page_owners, runs, owner.take(last)
 
 
 _SEGMENT_TABLES: dict[int, tuple[np.ndarray, np.ndarray]] = {}

@@ -1,7 +1,7 @@
 """Run-length toolkit: a batch's tokens as runs of one owner, and the numpy helpers that expand runs.
 
-The planner describes a batch's extend tokens as ``TokenRuns`` (at most ``B * (2C + 1)`` runs instead of
-``sum E`` tokens); slots, the gather index, the kernels' tables and the prefix cache expand or rank runs
+The planner describes a batch's extend tokens as ``TokenRuns`` (at most ``B * (2C + 1)`` runs under zigzag,
+one per head and new page under interleave, instead of ``sum E`` tokens); slots, the gather index, the kernels' tables and the prefix cache expand or rank runs
 with the helpers here, without a Python loop over runs.
 """
 
@@ -22,14 +22,16 @@ RAMP.setflags(write=False)
 @dataclass(frozen=True)
 class TokenRuns:
     """Run-length form of a batch's extend tokens, flat order: per request its head run, then one run per
-    zigzag segment, each run one owner; empty runs are left out (so ``R <= B * (2C + 1)``).
+    zigzag segment (C-ZIGZAG; ``R <= B * (2C + 1)``) or per new page (C-INTERLEAVE; ``R <= B + sum m``), each
+    run one owner; empty runs are left out.
 
     Attributes:
         req: ``[R]`` int64 request of each run.
         owner: ``[R]`` int64 owning (computing) rank.
         length: ``[R]`` int64 tokens of each run (>= 1); a segment's last page holds only the tokens up to
             ``prefix_len + extend_len``.
-        pages: ``[R]`` int64 new pages of each run: 0 for a head run, else the segment's pages (their
+        pages: ``[R]`` int64 new pages of each run: 0 for a head run, else the segment's pages (1 per run
+            under interleave) (their
             order is ``page_owners`` order).
     """
 

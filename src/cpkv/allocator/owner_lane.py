@@ -69,7 +69,8 @@ class OwnerLaneAllocator:
                 raise ConfigError(
                     f"a replicated pool has one page count, held by every rank; got pages_per_lane={pages_per_lane!r}"
                 )
-            config = CPConfig(1, config.page_size, config.owner_policy)  # no owners: one lane (C-POOL)
+            cfg = config  # no owners: one lane (C-POOL)
+            config = CPConfig(1, cfg.page_size, cfg.owner_policy, cfg.cp_strategy)
         C = config.cp_size
         caps = per_lane_ints("pages_per_lane", pages_per_lane, C, 1)
         check_pool_size(C, max(caps), config.page_size)
@@ -367,7 +368,7 @@ class OwnerLaneAllocator:
         check_shared_heads(L0, E, last, self.config.page_size)
         P, C = self.config.page_size, self.config.cp_size
         balanced = follows_free_pages(self.config.owner_policy)
-        phases = balanced_phases(L0, E, self.pool.free, P, C) if balanced else None
+        phases = balanced_phases(L0, E, self.pool.free, P, C, self.config.cp_strategy) if balanced else None
         stamp = self._commits.stamp(last, balanced)
         plan = plan_arrays(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True, stamp=stamp)
         return plan, last
