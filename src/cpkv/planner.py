@@ -255,7 +255,9 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
     return m, np.repeat(flat_owner, pages.ravel()), runs, flat_owner.take(last)
 
 
-def _interleave_runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, TokenRuns, np.ndarray]:
+def _interleave_runs(
+    E, h, head, phase, C: int, P: int
+) -> tuple[np.ndarray, np.ndarray, TokenRuns, np.ndarray]:
     """C-HEAD and C-INTERLEAVE at run granularity, the same outputs as ``_runs``: per request its head run
     (h tokens, no new page), then one run per new page, new page k owned by lane ``(phase + k) % C``.
 
