@@ -16,6 +16,7 @@ import numpy as np
 
 from .config import INTERLEAVE, LEGACY, CPConfig
 from .errors import PlanError, UnsupportedPagePlan
+from .interleave import interleave_split
 from .plan import BatchPlan, RequestPlan
 from .policy import rotation_phase, zigzag_lane_pages
 from .runs import RAMP, TokenRuns, indptr
@@ -198,10 +199,12 @@ def plan_arrays(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners,
         phase = rotation_phase(L0, req_idx, P, C)
 
     head = np.where(h > 0, head, -1)  # a head owner is recorded only where head tokens exist (C-HEAD)
-    split = _interleave_runs if config.cp_strategy == INTERLEAVE else _runs
-    m, page_owners, runs, last_owner = split(E, h, head, phase, C, P)
-    per_req = np.bincount(runs.req * C + runs.owner, weights=runs.length, minlength=B * C)
-    per_req = per_req.astype(_I64).reshape(B, C)
+    if config.cp_strategy == INTERLEAVE:  # C-INTERLEAVE: counts in closed form, the runs deferred
+        m, page_owners, per_req, last_owner, runs = interleave_split(E, h, head, phase, C, P)
+    else:
+        m, page_owners, runs, last_owner = _runs(E, h, head, phase, C, P)
+        per_req = np.bincount(runs.req * C + runs.owner, weights=runs.length, minlength=B * C)
+        per_req = per_req.astype(_I64).reshape(B, C)
     per_rank = np.add.reduce(per_req, axis=0)
     max_rank = max(per_rank.tolist(), default=0)
     page_indptr = indptr(m)
@@ -253,48 +256,6 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
     runs = TokenRuns(req=keep // (S + 1), owner=flat_owner.take(keep), length=flat_len.take(keep),
                      pages=pages.ravel().take(keep))  # fmt: skip
     return m, np.repeat(flat_owner, pages.ravel()), runs, flat_owner.take(last)
-
-
-def _interleave_runs(
-    E, h, head, phase, C: int, P: int
-) -> tuple[np.ndarray, np.ndarray, TokenRuns, np.ndarray]:
-    """C-HEAD and C-INTERLEAVE at run granularity, the same outputs as ``_runs``: per request its head run
-    (h tokens, no new page), then one run per new page, new page k owned by lane ``(phase + k) % C``.
-
-    The ``t = E - h`` tokens past the head start a new page, so ``m = ceil(t / P)``; every page run holds P
-    tokens but a request's last, which lacks ``(-t) % P``; its lane owns the last token (the head's when
-    m == 0). Flat page j of request i is its page ``k = j - page_indptr[i]``, so its lane is
-    ``(j + phase_i - page_indptr[i]) % C``: one ramp, one repeat, one modulo over the pages. Empty runs are
-    dropped. Example C=2, P=64, L0=100, E=200, head owner 1, phase 1: h=28, m=3 -> runs (rank, tokens)
-    (1, 28), (1, 64), (0, 64), (1, 44); C=4, m=16, phase 0: page owners [0,1,2,3] * 4.
-    """
-    B = E.shape[0]
-    t = E - h  # [B] tokens on new pages
-    m = -(-t // P)  # [B] new pages
-    first = indptr(m)  # [B + 1] each request's first flat page
-    N = int(first[-1])
-    shift = (phase - first[:-1]) % C  # [B] lane of flat page j of request i: (j + shift_i) % C
-    ramp = RAMP[:N] if N <= RAMP.shape[0] else np.arange(N, dtype=_I64)
-    page_owners = ramp + (shift[0] if B == 1 else np.repeat(shift, m))
-    page_owners %= C
-    # Runs: request i's head at run index first[i] + i, its pages after it.
-    head_at = first[:-1] + RAMP[:B] if B <= RAMP.shape[0] else first[:-1] + np.arange(B, dtype=_I64)
-    R = N + B
-    owner = np.empty(R, dtype=_I64)
-    length = np.full(R, P, dtype=_I64)
-    pages = np.ones(R, dtype=_I64)
-    is_page = np.ones(R, dtype=bool)
-    is_page[head_at] = False
-    owner[is_page] = page_owners
-    owner[head_at], pages[head_at] = head, 0
-    last = head_at + m  # [B] run of each request's last token (its head run when m == 0)
-    length[last] -= -t % P  # before the heads: where m == 0 the head run is set next
-    length[head_at] = h
-    keep = (length > 0).nonzero()[0]
-    req = np.repeat(np.arange(B, dtype=_I64), m + 1)
-    runs = TokenRuns(req=req.take(keep), owner=owner.take(keep), length=length.take(keep),
-                     pages=pages.take(keep))  # fmt: skip
-    return m, page_owners, runs, owner.take(last)
 
 
 _SEGMENT_TABLES: dict[int, tuple[np.ndarray, np.ndarray]] = {}

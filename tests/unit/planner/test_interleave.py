@@ -242,3 +242,55 @@ def test_gather_back_restores_flat_order():
             "gather_index"
         ]
     )
+
+
+# ----------------------------------------------------------------------------------------------------
+# the fast paths: closed-form counts, deferred runs, the cyclic pick
+# ----------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(C=st.integers(1, 9), P=st.sampled_from([1, 2, 16]), data=st.data())
+def test_cyclic_pick_equals_the_pick_of_one_run_per_page(C, P, data):
+    """``LanePool.pick_cyclic`` (the interleave allocation's pick, closed form) gives the pages and counts
+    ``LanePool.pick`` gives for one run per page, on a pool with pages taken and freed in random order."""
+    from cpkv.policy import cyclic_lane_pages
+
+    caps = data.draw(st.lists(st.integers(2, 40), min_size=C, max_size=C), label="caps")
+    alloc = OwnerLaneAllocator(interleave(C, P), caps)
+    taken = []
+    for r in data.draw(st.lists(st.integers(0, C - 1), max_size=30), label="taken"):
+        if alloc.free_pages_per_lane()[r]:
+            taken += alloc.alloc_pages([r]).tolist()
+    alloc.free(data.draw(st.permutations(taken), label="order")[: len(taken) // 2])
+    B = data.draw(st.integers(1, 4), label="B")
+    Es = [data.draw(st.integers(0, 3 * C * P), label="E") for _ in range(B)]
+    phases = [data.draw(st.integers(0, C - 1), label="phase") for _ in range(B)]
+    plan = plan_batch([0] * B, Es, interleave(C, P), phases=phases)
+    m = np.diff(plan.page_indptr)
+    lane_pages = cyclic_lane_pages(m, plan.request_phases, C)
+    assert lane_pages.sum(axis=0).tolist() == plan.new_pages_per_lane[:C].tolist()
+    pool = alloc.pool
+    if (plan.new_pages_per_lane[:C] > alloc.free_pages_per_lane()).any():
+        return
+    got, got_counts = pool.pick_cyclic(plan.request_phases, m, plan.page_owners, lane_pages)
+    want, want_counts = pool.pick(plan.page_owners, np.ones_like(plan.page_owners))
+    assert got.tolist() == want.tolist() and got_counts.tolist() == want_counts.tolist()
+
+
+def test_runs_are_built_on_first_read_and_pickle():
+    import copy
+    import pickle
+
+    plan = plan_batch([0, 100], [1000, 200], interleave(4, 64), head_owners=[-1, 1])
+    assert plan.token_runs.__dict__.get("_make") is not None  # not built by planning
+    for other in (pickle.loads(pickle.dumps(plan)), copy.deepcopy(plan)):
+        assert other.token_owner.tolist() == plan.token_owner.tolist()
+    runs = plan.token_runs
+    assert runs.__dict__.get("_make") is None and not runs.length.flags.writeable
+    assert runs.owner.tolist() == [0, 1, 2, 3] * 4 + [1, 2, 3, 0]  # request 1 (phase 2): its head run, 3 pages
+    assert runs.length.tolist() == [64] * 15 + [40, 28, 64, 64, 44]
+    assert runs.pages.tolist() == [1] * 16 + [0, 1, 1, 1]
+    assert runs.req.tolist() == [0] * 16 + [1] * 4
+    with pytest.raises(AttributeError, match="segments"):
+        runs.segments  # noqa: B018
