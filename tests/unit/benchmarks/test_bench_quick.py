@@ -20,6 +20,7 @@ TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 SCRIPTS = [
     ("bench_plan_alloc.py", [], "plan+alloc ms"),
+    ("bench_plan_alloc.py", ["--cp-strategy", "compare"], "interleave plan+alloc ms"),
     ("bench_layout.py", [], "fresh copy ms"),
     ("bench_memory.py", [], "allocator B/page"),
     pytest.param(
