@@ -68,7 +68,8 @@ def interleave_split(E, h, head, phase, C: int, P: int):
     rows = has.nonzero()[0]
     per_req[rows, last_owner[rows]] -= (-t[rows]) % P
     rows = (h > 0).nonzero()[0]
-    np.add.at(per_req, (rows, head[rows]), h[rows])
+    if rows.shape[0]:
+        np.add.at(per_req, (rows, head[rows]), h[rows])
     runs = TokenRuns.deferred(partial(_page_runs, E, h, head, m, first, page_owners, P))
     return m, page_owners, per_req, last_owner, runs
 
