@@ -10,8 +10,8 @@ from cpkv.executor.__main__ import main as torchrun_main
 pytestmark = pytest.mark.unit
 
 FLAGS = {
-    "plan": ["--batch", "--cp-size", "--extend-len", "--head-owner", "--json", "--page-size", "--policy",
-             "--prefix-len", "--req-index"],
+    "plan": ["--batch", "--cp-size", "--cp-strategy", "--extend-len", "--head-owner", "--json", "--page-size",
+             "--policy", "--prefix-len", "--req-index"],
     "simulate": ["--backend", "--chunk-size", "--colocated-decode", "--cost-model", "--cp-size", "--ep-size", "--gpu",
                  "--host-pages-per-lane", "--kv-storage", "--logits-budget-mb", "--max-batch-tokens", "--max-requests", "--model",
                  "--no-progress", "--out", "--page-size", "--pages-per-lane", "--policy", "--seed", "--spec-accept-rate",
