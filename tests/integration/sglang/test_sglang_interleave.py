@@ -227,3 +227,23 @@ def test_metadata_refuses_a_zigzag_plan():
     plan = plan_batch([0], [10], CPConfig(2, 1, "rotation", "zigzag"))
     with pytest.raises(PlanError, match="cp_strategy='interleave'.*'zigzag'"):
         interleave_metadata(plan, 0)
+
+
+def test_the_sglang_allocator_reads_cpkv_cp_strategy(monkeypatch):
+    """cpkv's SGLang allocator builds its ``CPConfig`` from ``CPKV_CP_STRATEGY`` where SGLang constructs it
+    (no code): an 8-page prompt at C=4, P=4 goes round robin, lanes 0, 1, 2, 3, 0, 1, 2, 3 (rotation, phase
+    0), and every token's slot is on its page's lane; a bad value fails at construction, naming the variable."""
+    sgl = pytest.importorskip("cpkv.integrations.sglang")
+    from cpkv.errors import ConfigError
+
+    args = dict(size=64, page_size=4, dtype=torch.bfloat16, device="cpu", kvcache=None, need_sort=False)
+    monkeypatch.setenv("CPKV_CP_STRATEGY", "interleave")
+    alloc = sgl.OwnerLaneTokenToKVPoolAllocator(**args, cp_size=4, owner_policy="rotation")
+    assert alloc.config.cp_strategy == "interleave"
+    t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    out = alloc.alloc_extend(t([0]), t([0]), t([32]), t([32]), t([-1]), 32)
+    assert alloc.last_plan.page_owners.tolist() == [0, 1, 2, 3] * 2
+    assert ((out.numpy() // 4) % 4).tolist() == alloc.last_plan.token_owner.tolist()
+    monkeypatch.setenv("CPKV_CP_STRATEGY", "ring")
+    with pytest.raises(ConfigError, match="CPKV_CP_STRATEGY='ring'"):
+        sgl.OwnerLaneTokenToKVPoolAllocator(**args, cp_size=4, owner_policy="rotation")
