@@ -37,6 +37,26 @@ def cyclic(start: int, n: int, cp_size: int) -> np.ndarray:
     return out
 
 
+_CYCLIC_MAX = 1 << 20  # pages of the largest request served from the cached cyclic table (8 MiB a cp_size)
+_CYCLIC: dict[int, np.ndarray] = {}
+
+
+def _cyclic_view(start: int, n: int, cp_size: int) -> np.ndarray:
+    """Read-only int64 ``[n]``, ``(start + j) % cp_size`` (``start`` in ``[0, cp_size)``): for
+    ``n <= _CYCLIC_MAX`` a view of a cached ``cyclic(0, L, cp_size)`` table (L grown by doubling, at most
+    ``_CYCLIC_MAX + cp_size``), else a new array."""
+    if n > _CYCLIC_MAX:
+        out = cyclic(start, n, cp_size)
+        out.setflags(write=False)
+        return out
+    table = _CYCLIC.get(cp_size)
+    if table is None or table.shape[0] < n + start:
+        size = max(n + start, 2 * (0 if table is None else table.shape[0]), 4096)
+        table = _CYCLIC[cp_size] = cyclic(0, min(size, _CYCLIC_MAX + cp_size), cp_size)
+        table.setflags(write=False)
+    return table[start : start + n]
+
+
 def interleave_split(E, h, head, phase, C: int, P: int):
     """C-HEAD and C-INTERLEAVE for a batch: ``(m, page_owners, per_request_rank_tokens, last_token_owner,
     runs)``: new pages int64 ``[B]``, the owner of every new page int64 ``[sum m]`` (request order), int64
@@ -55,8 +75,8 @@ def interleave_split(E, h, head, phase, C: int, P: int):
     m = -(-t // P)  # [B] new pages
     first = indptr(m)  # [B + 1] each request's first flat page
     N = int(first[-1])
-    if B == 1:
-        page_owners = cyclic(int(phase[0]), N, C)
+    if B == 1:  # a read-only view of the cp_size's cyclic table: no pass over the pages
+        page_owners = _cyclic_view(int(phase[0]), N, C)
     else:  # flat page j of request i: lane (j + shift_i) % C, shift_i = (phase_i - first_i) % C in [0, C)
         shift = (phase - first[:-1]) % C
         j = RAMP[:N] + np.repeat(shift, m) if N <= RAMP.shape[0] else np.arange(N, dtype=_I64) + np.repeat(shift, m)

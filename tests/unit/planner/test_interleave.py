@@ -294,3 +294,15 @@ def test_runs_are_built_on_first_read_and_pickle():
     assert runs.req.tolist() == [0] * 16 + [1] * 4
     with pytest.raises(AttributeError, match="segments"):
         runs.segments  # noqa: B018
+
+
+@pytest.mark.parametrize("C", [1, 3, 8])
+def test_cyclic_tables_are_the_rule_at_every_size(C):
+    from cpkv.interleave import _CYCLIC_MAX, _cyclic_view, cyclic
+
+    for n in (0, 1, C, 4095, 4097, 70_000, _CYCLIC_MAX, _CYCLIC_MAX + 1):
+        for start in {0, C - 1}:
+            want = (start + np.arange(n, dtype=np.int64)) % C
+            got = _cyclic_view(start, n, C)
+            assert got.dtype == np.int64 and not got.flags.writeable and np.array_equal(got, want), (n, start)
+            assert np.array_equal(cyclic(start, n, C), want)
