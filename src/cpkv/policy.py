@@ -134,10 +134,10 @@ def balanced_phase(free: list[int], transient: list[int], m: int, rotation: int,
     (``rem = m % 2C``): ``K`` on every rank plus one on a window of ``w < C`` consecutive ranks from rank
     ``s``; phase f moves rank z to lane ``(z + f) % C``. ``rem < C``: ``K = 2 * (m // 2C)``, window
     ``[0, rem)``; ``rem >= C``: ``K = 2 * (m // 2C) + 1``, window ``[2C - rem, C)``. The last page is on rank
-    ``zl`` (0 when ``m >= 2C``, else the rank of segment ``m - 1``), lane ``(zl + f) % C``. Each criterion is
-    C-INTERLEAVE is the same shape: ``K = m // C`` on every lane, the window ``[0, m % C)`` of ranks
-    ``k = 0, 1, ...`` (page k on lane ``(k + f) % C``), the last page on rank ``(m - 1) % C``. Each criterion is
-    then a window count or sum over prefix sums of the doubled lane arrays:
+    ``zl`` (0 when ``m >= 2C``, else the rank of segment ``m - 1``), lane ``(zl + f) % C``. C-INTERLEAVE has
+    the same shape: ``K = m // C`` on every lane, the window ``[0, m % C)`` of ranks ``k = 0, 1, ...`` (page k
+    on lane ``(k + f) % C``), the last page on rank ``(m - 1) % C``. Each criterion is then a window count
+    or sum over prefix sums of the doubled lane arrays:
     ``min_r(x_r - n_r(f)) = min(x) - K - [the window holds a least-x lane]``; with the transient page the
     minimum of ``e_r = g_r - K - [r in window]`` rises by one exactly when its only minimiser is the
     last page's lane. Examples: C=4, free [7, 8, 8, 8], m=3 (whole pages), rotation 0: only phase 1

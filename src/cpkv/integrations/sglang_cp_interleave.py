@@ -75,7 +75,8 @@ def interleave_metadata(
 
     Returns:
         An ``InterleaveCPMetadata``; e.g. C=2, P=1, one request L0=0, E=5, rank 1: per_rank_logical_token
-        ``[3, 2]``, per_rank_actual_token ``[3, 3]``, gather_index ``[0, 3, 1, 4, 2]``, local_index ``[1, 3, 5]`` (5: its padding row).
+        ``[3, 2]``, per_rank_actual_token ``[3, 3]``, gather_index ``[0, 3, 1, 4, 2]``, local_index
+        ``[1, 3, 5]`` (5: its padding row).
 
     Raises:
         PlanError: ``plan`` not a ``BatchPlan``, or made under another CP strategy (zigzag plans have
