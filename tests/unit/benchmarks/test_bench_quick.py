@@ -33,6 +33,11 @@ SCRIPTS = [
     ),
     ("bench_sweep.py", [], "speed-up vs 1"),
     pytest.param(
+        "bench_interleave_pricing.py", [], "TTFT p99 s",
+        marks=[pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
+               pytest.mark.skipif(not (COST.installed or COST.required), reason="needs the cost extra")],
+    ),
+    pytest.param(
         "bench_prefix_cache.py", [], "hit tokens",
         marks=pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
     ),
