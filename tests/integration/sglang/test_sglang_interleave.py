@@ -174,8 +174,8 @@ def test_metadata_equals_sglangs_for_the_same_row_owners(monkeypatch):
 
 def test_page_size_1_with_phases_cum_e_is_sglangs_default_split(monkeypatch):
     """At P = 1 with phase ``cum_E[i] % C`` a cpkv interleave plan gives flat token t to rank ``t % C``:
-    SGLang's ``build_metadata`` counts the same tokens per rank, and SGLang's own shard of hidden states and
-    positions holds exactly each rank's tokens."""
+    SGLang's ``build_metadata`` counts the same tokens per rank, its ``interleave_rows_per_request`` the same
+    tokens per request and rank, and SGLang's own shard of hidden states holds exactly each rank's tokens."""
     rng = np.random.default_rng(3602)
     for _ in range(CASES):
         case = random_case(rng, max_bs=4)
@@ -197,6 +197,8 @@ def test_page_size_1_with_phases_cum_e_is_sglangs_default_split(monkeypatch):
             assert torch.equal(strategy.shard_hidden_states(x, batch), x[mine]), case
             ours = interleave_metadata(plan, r)
             assert ours.local_index[: len(mine)].tolist() == mine.tolist()
+            rows = interleave.interleave_rows_per_request(list(E), r, C)  # SGLang's rows of each request
+            assert rows == plan.per_request_rank_tokens[:, r].tolist(), case
 
 
 def test_sglangs_gather_on_cpkv_metadata_restores_flat_order(monkeypatch):
