@@ -114,7 +114,8 @@ class BatchPlan:
 
     def __repr__(self) -> str:
         return (f"BatchPlan(cp_size={self.config.cp_size}, page_size={self.config.page_size}, "
-                f"owner_policy={self.config.owner_policy!r}, requests={self.num_requests}, tokens={self.num_tokens}, "
+                f"owner_policy={self.config.owner_policy!r}, cp_strategy={self.config.cp_strategy!r}, "
+                f"requests={self.num_requests}, tokens={self.num_tokens}, "
                 f"new_pages={self.page_owners.shape[0]}, per_rank_tokens={self.per_rank_tokens.tolist()})")  # fmt: skip
 
     @property
