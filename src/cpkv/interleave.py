@@ -4,8 +4,10 @@
 calls it where zigzag calls its segment tables): page owners, tokens per request and rank and each request's
 last token's owner in closed form, O(B * C) plus one pass to write the page owners; the token runs (one per
 head and per page) are deferred until a consumer reads them (``TokenRuns.deferred``), so planning a batch
-never pays O(pages) more than its page owners. ``cyclic`` writes ``(start + j) % C`` by doubling copies
-(numpy's integer ``%`` costs several nanoseconds an element; a copy a fraction of one).
+never pays O(pages) more than its page owners; a single request's page owners are a view of a cached cyclic
+table (one per recently used cp_size, at most ``_CYCLIC_TABLES`` of them, about 32 MiB). ``cyclic`` writes
+``(start + j) % C`` by doubling copies (numpy's integer ``%`` costs several nanoseconds an element; a copy a
+fraction of one).
 """
 
 from __future__ import annotations
@@ -37,23 +39,30 @@ def cyclic(start: int, n: int, cp_size: int) -> np.ndarray:
     return out
 
 
-_CYCLIC_MAX = 1 << 20  # pages of the largest request served from the cached cyclic table (8 MiB a cp_size)
-_CYCLIC: dict[int, np.ndarray] = {}
+_CYCLIC_MAX = 1 << 20  # pages of the largest request served from a cached cyclic table (8 MiB a table)
+_CYCLIC_TABLES = 4  # cached tables (cp_sizes) at most, least recently used dropped: 4 * (2**20 + C) int64
+_CYCLIC: dict[int, np.ndarray] = {}  # cp_size -> its table, least recently used first
 
 
 def _cyclic_view(start: int, n: int, cp_size: int) -> np.ndarray:
     """Read-only int64 ``[n]``, ``(start + j) % cp_size`` (``start`` in ``[0, cp_size)``): for
     ``n <= _CYCLIC_MAX`` a view of a cached ``cyclic(0, L, cp_size)`` table (L grown by doubling, at most
-    ``_CYCLIC_MAX + cp_size``), else a new array."""
+    ``_CYCLIC_MAX + cp_size``), else a new array. The tables of the ``_CYCLIC_TABLES`` most recently used
+    cp_sizes are kept (at most about 32 MiB), so a process that plans under many cp_sizes (a sweep) stays
+    bounded; a plan keeps its view's table alive on its own."""
     if n > _CYCLIC_MAX:
         out = cyclic(start, n, cp_size)
         out.setflags(write=False)
         return out
-    table = _CYCLIC.get(cp_size)
+    table = _CYCLIC.pop(cp_size, None)
     if table is None or table.shape[0] < n + start:
         size = max(n + start, 2 * (0 if table is None else table.shape[0]), 4096)
-        table = _CYCLIC[cp_size] = cyclic(0, min(size, _CYCLIC_MAX + cp_size), cp_size)
+        table = cyclic(0, min(size, _CYCLIC_MAX + cp_size), cp_size)
         table.setflags(write=False)
+    _CYCLIC[cp_size] = table  # most recently used last
+    if len(_CYCLIC) > _CYCLIC_TABLES:
+        for key in list(_CYCLIC)[:-_CYCLIC_TABLES]:
+            _CYCLIC.pop(key, None)
     return table[start : start + n]
 
 

@@ -306,3 +306,22 @@ def test_cyclic_tables_are_the_rule_at_every_size(C):
             got = _cyclic_view(start, n, C)
             assert got.dtype == np.int64 and not got.flags.writeable and np.array_equal(got, want), (n, start)
             assert np.array_equal(cyclic(start, n, C), want)
+
+
+def test_cyclic_tables_stay_bounded_over_many_cp_sizes():
+    # A sweep plans one long request under many cp_sizes: only the _CYCLIC_TABLES most recently used tables
+    # stay cached (each at most _CYCLIC_MAX + C int64), not one 8 MiB table per cp_size ever used.
+    from cpkv import interleave as il
+
+    n = il._CYCLIC_MAX // 8  # 131,072 pages at P=1: each table grows to 131,072 + C entries (1 MiB)
+    for C in range(2, 12):
+        got = plan_request(0, n, interleave(C, 1), req_index=1).page_owners
+        assert got[0] == 1 % C and got[-1] == n % C
+    assert len(il._CYCLIC) <= il._CYCLIC_TABLES == 4
+    assert list(il._CYCLIC) == [8, 9, 10, 11]  # the most recently used, least recent first
+    assert sum(t.nbytes for t in il._CYCLIC.values()) <= il._CYCLIC_TABLES * 8 * (il._CYCLIC_MAX + 11)
+    # a table in use again moves to the end; a plan keeps its own view when its table is dropped
+    kept = plan_request(0, 10, interleave(9, 1)).page_owners
+    for C in (12, 13, 14, 15):
+        plan_request(0, 5, interleave(C, 1))
+    assert 9 not in il._CYCLIC and kept.tolist() == [k % 9 for k in range(10)]
