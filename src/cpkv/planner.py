@@ -227,10 +227,10 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
     Per request a table row of 2C + 1 runs: column 0 its head run (h tokens, no new page), then its 2C
     zigzag segments. The ``t = E - h`` tokens after the head start a new page, so ``m = ceil(t / P)``;
     segment s holds ``m // 2C`` pages, one more for the first ``m % 2C``, goes to zigzag rank
-    ``z = s if s < C else 2C-1-s`` and is owned by lane ``(z + phase) % C`` (both from tables made once per
-    cp_size). A segment holds ``P * pages`` tokens, except the request's last non-empty one (column
-    ``min(m, 2C)``; segments fill in order), which lacks ``(-t) % P`` tokens; that column's owner owns the last
-    token (the head's when m == 0). Page owners are ``np.repeat`` of the owners by the pages: no per-page
+    ``z = s if s < C else 2C-1-s`` and is owned by lane ``(z + phase) % C`` (``_segment_rows``: from tables
+    made once per cp_size up to 64 lanes, computed above). A segment holds ``P * pages`` tokens, except the
+    request's last non-empty one (column ``min(m, 2C)``; segments fill in order), which lacks ``(-t) % P``
+    tokens; that column's owner owns the last token (the head's when m == 0). Page owners are ``np.repeat`` of the owners by the pages: no per-page
     arithmetic; empty runs are dropped. Example P=64, C=2, L0=100, E=200, head owner 1, phase 1: h=28, m=3,
     segments [1, 1, 1, 0] on ranks [1, 0, 1, 0] -> runs (rank, tokens) (1, 28), (1, 64), (0, 64), (1, 44);
     C=4, m=16, phase 0: page owners [0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0].
@@ -239,11 +239,9 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
     t = E - h  # [B] tokens on new pages
     m = -(-t // P)  # [B] new pages
     base, rem = np.divmod(m, S)
-    fill, lanes = _segment_tables(C)
-    pages = fill[rem]  # [B, S + 1] (a new array) pages per run: [0, (s < m % 2C) for each segment s] ...
-    pages += base[:, None]  # ... plus m // 2C
-    pages[:, 0] = 0  # ... and none for the head run
-    owner = lanes[phase]  # [B, S + 1]: [-, (z_s + phase) % C for each segment s]
+    pages, owner = _segment_rows(rem, phase, C)  # [B, S + 1] each, new arrays: pages per run [0, (s < m % 2C)
+    pages += base[:, None]  # for each segment s] plus m // 2C; owners [-, (z_s + phase) % C for each segment s]
+    pages[:, 0] = 0  # ... and no page for the head run
     owner[:, 0] = head
     length = pages * P
     length[:, 0] = h
@@ -259,12 +257,32 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
 
 
 _SEGMENT_TABLES: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_TABLE_MAX_CP = 64  # segment tables are cached up to this cp_size (24 C (2C + 1) bytes: 195 KiB at 64)
+
+
+def _segment_rows(rem: np.ndarray, phase: np.ndarray, C: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(fill, lanes)`` rows of a batch, int64 ``[B, 2C+1]`` each (new arrays): ``_segment_tables``'s row
+    ``rem[i]`` of ``fill`` and row ``phase[i]`` of ``lanes`` for request i. Up to ``_TABLE_MAX_CP`` lanes the
+    rows are taken from the cached tables; above it they are computed, O(B * C), so a large cp_size never
+    builds the O(C**2) tables (at 4096 lanes they would take 805 MiB)."""
+    if C <= _TABLE_MAX_CP:
+        fill, lanes = _segment_tables(C)
+        return fill[rem], lanes[phase]
+    S = 2 * C
+    s = np.arange(S, dtype=_I64)
+    z = np.where(s < C, s, S - 1 - s)
+    fill = np.zeros((rem.shape[0], S + 1), dtype=_I64)
+    np.less(s[None, :], rem[:, None], out=fill[:, 1:], casting="unsafe")
+    lanes = np.zeros((phase.shape[0], S + 1), dtype=_I64)
+    np.remainder(z[None, :] + phase[:, None], C, out=lanes[:, 1:])
+    return fill, lanes
 
 
 def _segment_tables(C: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(fill, lanes)``, int64 ``[2C, 2C+1]`` and ``[C, 2C+1]``, read-only, made once per cp_size: per run
-    column (0: the head run, 1 + s: segment s) ``fill[r, 1 + s] = [s < r]`` and ``lanes[f, 1 + s] = (z + f) % C``
-    with zigzag rank ``z = s if s < C else 2C-1-s``; column 0 is 0."""
+    """``(fill, lanes)``, int64 ``[2C, 2C+1]`` and ``[C, 2C+1]``, read-only, made once per cp_size (only up to
+    ``_TABLE_MAX_CP``, see ``_segment_rows``): per run column (0: the head run, 1 + s: segment s)
+    ``fill[r, 1 + s] = [s < r]`` and ``lanes[f, 1 + s] = (z + f) % C`` with zigzag rank
+    ``z = s if s < C else 2C-1-s``; column 0 is 0."""
     got = _SEGMENT_TABLES.get(C)
     if got is None:
         s = np.arange(2 * C, dtype=_I64)
