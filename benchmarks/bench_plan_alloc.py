@@ -1,15 +1,19 @@
 """plan_batch and alloc_extend: time, tokens/s, ratio to the memory bound and to the naive oracle.
 
-    python benchmarks/bench_plan_alloc.py [--quick] [--json PATH]
+    python benchmarks/bench_plan_alloc.py [--quick] [--json PATH] [--cp-strategy zigzag|interleave|compare]
 
 Cases (all requests fresh, prefix_len 0): (a) 1 x 1,048,576 tokens at page_size 64 and 1; (b) 64 x 16,384;
 (c) 256 x 64 (decode-like); (d) 1 x 64; cp_size 8. Then (d) at cp_size 2 with a 1,000-page pool against
-cp_size 16 with a 1,000,000-page pool (per-call cost must not grow with either). See README.md.
+cp_size 16 with a 1,000,000-page pool (per-call cost must not grow with either). ``--cp-strategy compare``
+times cases (a)-(d) under zigzag and interleave instead, alternated (zigzag, interleave, zigzag, ...) over
+``--rounds`` rounds, and prints each strategy's median of the rounds' medians and their ratio (C-INTERLEAVE;
+target <= 1.3). See README.md.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 
 import numpy as np
@@ -46,10 +50,11 @@ def oracle_s(B: int, E: int, C: int, P: int) -> tuple[float, bool]:
     return t * (B * E) / (b * e), (b, e) != (B, E)
 
 
-def measure(B: int, E: int, C: int, P: int, repeats: int, pool_pages: int | None = None) -> dict:
+def measure(B: int, E: int, C: int, P: int, repeats: int, pool_pages: int | None = None,
+            cp_strategy: str = "zigzag") -> dict:  # fmt: skip
     """Median plan_batch and alloc_extend seconds for B fresh requests of E tokens (one allocator; the pages
     of one call are freed, untimed, before the next, so every call sees the same state)."""
-    cfg = CPConfig(C, P)
+    cfg = CPConfig(C, P, cp_strategy=cp_strategy)
     L0, Es, last = np.zeros(B, np.int64), np.full(B, E, np.int64), np.full(B, -1, np.int64)
     plan = plan_batch(L0, Es, cfg)
     Q = pool_pages // C if pool_pages else int(np.bincount(plan.page_owners, minlength=C).max()) + 2
@@ -74,16 +79,53 @@ def measure(B: int, E: int, C: int, P: int, repeats: int, pool_pages: int | None
     return dict(B=B, E=E, C=C, P=P, Q=Q, tokens=n, pages=m, plan_s=t_plan, alloc_s=t_alloc, bound_s=bound)
 
 
+def compare_strategies(cases: dict, reps: int, small_reps: int, rounds: int) -> dict:
+    """Cases (a)-(d) under zigzag and interleave, alternated round by round; prints the table, returns the
+    figures: per case and strategy the rounds' plan and plan+alloc medians (seconds) and their median."""
+    out: dict = {}
+    for name, (B, E, C, P) in cases.items():
+        n = reps if B * E > 100_000 else small_reps
+        got: dict[str, list[dict]] = {s: [] for s in STRATEGIES}
+        for _ in range(rounds):
+            for s in STRATEGIES:
+                got[s].append(measure(B, E, C, P, n, cp_strategy=s))
+        out[name] = {s: {k: [r[k] for r in got[s]] for k in ("plan_s", "alloc_s")} for s in STRATEGIES}
+        for s in STRATEGIES:
+            out[name][s].update({f"{k}_median": statistics.median(out[name][s][k]) for k in ("plan_s", "alloc_s")})
+    rows = []
+    for name, r in out.items():
+        z, i = r["zigzag"], r["interleave"]
+        rows.append([name, z["plan_s_median"] * 1e3, i["plan_s_median"] * 1e3,
+                     i["plan_s_median"] / z["plan_s_median"], z["alloc_s_median"] * 1e3,
+                     i["alloc_s_median"] * 1e3, i["alloc_s_median"] / z["alloc_s_median"]])  # fmt: skip
+    print_table(f"zigzag vs interleave, cp_size 8, {rounds} alternated rounds (median of the rounds' medians; "
+                "target interleave / zigzag <= 1.3)",
+                ["case", "zigzag plan ms", "interleave plan ms", "ratio", "zigzag plan+alloc ms",
+                 "interleave plan+alloc ms", "ratio"], rows)  # fmt: skip
+    return out
+
+
+STRATEGIES = ("zigzag", "interleave")
+
+
 def main() -> None:
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--cp-strategy", choices=[*STRATEGIES, "compare"], default="zigzag",
+                   help="the CP strategy of every plan, or compare: zigzag and interleave alternated")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=5, help="alternated rounds of --cp-strategy compare")
+    args = p.parse_args()
     big, reps, small_reps = (1 << 14, 5, 50) if args.quick else (1 << 20, 9, 300)
     cases = {
         "a P=64": (1, big, 8, 64), "a P=1": (1, big, 8, 1), "b": (64, big // 64, 8, 64),
         "c decode": (256, 64, 8, 64), "d": (1, 64, 8, 64),
     }  # fmt: skip
+    if args.cp_strategy == "compare":
+        out = compare_strategies(cases, reps, small_reps, 2 if args.quick else args.rounds)
+        write_json(args.json, {"benchmark": "plan_alloc_strategies", "quick": args.quick, "cases": out})
+        return
     rows, out = [], {}
     for name, (B, E, C, P) in cases.items():
-        r = measure(B, E, C, P, reps if B * E > 100_000 else small_reps)
+        r = measure(B, E, C, P, reps if B * E > 100_000 else small_reps, cp_strategy=args.cp_strategy)
         r["oracle_s"], r["oracle_scaled"] = oracle_s(B, E, C, P)
         out[name] = r
         rows.append([
@@ -99,7 +141,7 @@ def main() -> None:
     pools = {"d C=2 pool 1e3": (2, 1000), "d C=16 pool 1e6": (16, 1_000_000)}
     scale_rows = []
     for name, (C, pool) in pools.items():
-        out[name] = r = measure(1, 64, C, 64, small_reps * 3, pool_pages=pool)
+        out[name] = r = measure(1, 64, C, 64, small_reps * 3, pool_pages=pool, cp_strategy=args.cp_strategy)
         scale_rows.append([name, C, pool, r["plan_s"] * 1e6, r["alloc_s"] * 1e6])
     ratio = out["d C=16 pool 1e6"]["alloc_s"] / out["d C=2 pool 1e3"]["alloc_s"]
     out["d_scaling_ratio"] = ratio

@@ -22,6 +22,7 @@ from cpkv.planner import BatchPlan
 from cpkv.slots import extend_slots
 
 POLICIES = ("rotation", "legacy", "balanced")
+STRATEGIES = ("zigzag", "interleave")
 ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.uint8, torch.int32)
 SLOT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 _BITS = {1: (torch.uint8, np.uint8), 2: (torch.int16, np.int16), 4: (torch.int32, np.int32), 8: (torch.int64, np.int64)}
@@ -44,7 +45,8 @@ PAGE_SIZES = st.one_of(st.sampled_from([1, 2, 3, 16, 64]), st.integers(1, 256))
 @st.composite
 def batches(draw, cp_sizes=CP_SIZES, page_sizes=PAGE_SIZES, max_requests: int = 4, max_tokens: int = 1500):
     """A batch of 0..max_requests requests: unaligned prefixes, empty extends, extends shorter than 2C
-    pages, explicit phases or any owner policy, head owners on any lane; ``sum E <= max_tokens``."""
+    pages, explicit phases or any owner policy, either CP strategy (C-INTERLEAVE: one run per page), head
+    owners on any lane; ``sum E <= max_tokens``."""
     C = draw(cp_sizes)
     P = draw(page_sizes)
     B = draw(st.integers(0, max_requests))
@@ -57,7 +59,8 @@ def batches(draw, cp_sizes=CP_SIZES, page_sizes=PAGE_SIZES, max_requests: int = 
     heads = [draw(st.integers(0, C - 1)) for _ in range(B)]
     phases = draw(st.one_of(st.none(), st.lists(st.integers(0, C - 1), min_size=B, max_size=B)))
     policy = draw(st.sampled_from(POLICIES))
-    plan = plan_batch(L0, E, CPConfig(C, P, policy), head_owners=heads, phases=phases)
+    strategy = draw(st.sampled_from(STRATEGIES))
+    plan = plan_batch(L0, E, CPConfig(C, P, policy, strategy), head_owners=heads, phases=phases)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     num_pages = plan.page_owners.shape[0]
     pages = rng.permutation(num_pages + B + 8)[:num_pages] + 1  # distinct ids, any lane: the kernel trusts them

@@ -12,6 +12,7 @@ the extend L0 .. L0+E-1).
 from __future__ import annotations
 
 POLICIES = ("rotation", "legacy", "balanced")
+STRATEGIES = ("zigzag", "interleave")
 
 
 class OracleError(ValueError):
@@ -84,11 +85,14 @@ def plan_request(
     head_owner: int | None = None,
     phase: int | None = None,
     policy: str = "rotation",
+    strategy: str = "zigzag",
 ) -> dict:
-    """Plan one request token by token.
+    """Plan one request token by token; ``strategy`` ``zigzag`` (C-ZIGZAG) or ``interleave`` (C-INTERLEAVE:
+    new page k, counted from 0 in position order, on lane (phase + k) % C).
 
     Returns a dict with ``phase`` (int), ``head_tokens`` (int h), ``page_owners`` (list, one per new page),
-    ``page_segments`` (list, the zigzag segment of each new page), ``token_owner`` (list, one per extend
+    ``page_segments`` (list, the zigzag segment of each new page; under interleave the page's own index k),
+    ``token_owner`` (list, one per extend
     token), ``per_rank_tokens`` (list of C counts) and ``last_token_owner`` (-1 when E == 0).
     Raises OracleError for negative lengths, an out-of-range phase/head owner, or head tokens without a
     head owner.
@@ -99,6 +103,8 @@ def plan_request(
     ph = _phase_rule(L0, P, req_index, C, policy) if phase is None else phase
     if not 0 <= ph < C:
         raise OracleError(f"phase {ph} out of range")
+    if strategy not in STRATEGIES:
+        raise OracleError(f"unknown strategy {strategy!r}")
 
     # C-HEAD: tokens that land in the partly filled last prefix page.
     h = min(E, P - L0 % P) if L0 % P != 0 else 0
@@ -108,10 +114,14 @@ def plan_request(
         if not 0 <= head_owner < C:
             raise OracleError(f"head owner {head_owner} out of range")
 
-    # C-ZIGZAG: owner of each new page.
+    # C-ZIGZAG / C-INTERLEAVE: owner of each new page.
     first_new = ceil_div(L0, P)
-    segs = page_segments(L0, E, C, P)
-    page_owners = [(zigzag_rank(s, C) + ph) % C for s in segs]
+    if strategy == "zigzag":
+        segs = page_segments(L0, E, C, P)
+        page_owners = [(zigzag_rank(s, C) + ph) % C for s in segs]
+    else:
+        segs = list(range(ceil_div(L0 + E, P) - first_new))  # each page its own piece
+        page_owners = [(ph + k) % C for k in segs]
 
     # C-OWNER-EQ-COMPUTE: owner of each extend token, one token at a time.
     token_owner: list[int] = []
@@ -152,6 +162,7 @@ def balanced_phase(
     req_index: int,
     free: list[int],
     transient: list[int] | None = None,
+    strategy: str = "zigzag",
 ) -> int:
     """C-BALANCED (amended) phase of one request, by brute force over every phase.
 
@@ -174,7 +185,9 @@ def balanced_phase(
     best_key, best_f = None, None
     for f in range(C):
         # Head pages already exist and are not counted; any head owner gives the same new-page owners.
-        owners = plan_request(prefix_len, extend_len, C, P, req_index, head_owner=0, phase=f)["page_owners"]
+        owners = plan_request(
+            prefix_len, extend_len, C, P, req_index, head_owner=0, phase=f, strategy=strategy
+        )["page_owners"]
         n = [owners.count(r) for r in range(C)]
         kept = list(owners[:-1]) if (partial and owners) else list(owners)
         k = [kept.count(r) for r in range(C)]
@@ -192,15 +205,20 @@ def balanced_phase(
 
 
 def balanced_phases(
-    prefix_lens: list[int], extend_lens: list[int], cp_size: int, page_size: int, free: list[int]
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    cp_size: int,
+    page_size: int,
+    free: list[int],
+    strategy: str = "zigzag",
 ) -> list[int]:
     """C-BALANCED phases of a batch, requests in batch order: each sees the free pages the earlier ones
     left and the partly filled last pages they took (``balanced_phase``'s ``transient``)."""
     C, P = cp_size, page_size
     left, transient, phases = list(free), [0] * C, []
     for i, (L0, E) in enumerate(zip(prefix_lens, extend_lens, strict=True)):
-        f = balanced_phase(L0, E, C, P, i, left, transient)
-        owners = plan_request(L0, E, C, P, i, head_owner=0, phase=f)["page_owners"]
+        f = balanced_phase(L0, E, C, P, i, left, transient, strategy)
+        owners = plan_request(L0, E, C, P, i, head_owner=0, phase=f, strategy=strategy)["page_owners"]
         for r in owners:
             left[r] -= 1
         if owners and (L0 + E) % P:
@@ -236,6 +254,7 @@ def plan_batch(
     head_owners: list[int | None] | None = None,
     phases: list[int] | None = None,
     policy: str = "rotation",
+    strategy: str = "zigzag",
 ) -> dict:
     """Plan every request with req_index = its batch position, then flatten in request order.
 
@@ -252,7 +271,9 @@ def plan_batch(
         if ho is not None and ho == -1:
             ho = None
         ph = None if phases is None else phases[i]
-        requests.append(plan_request(prefix_lens[i], extend_lens[i], cp_size, page_size, i, ho, ph, policy))
+        requests.append(
+            plan_request(prefix_lens[i], extend_lens[i], cp_size, page_size, i, ho, ph, policy, strategy)
+        )
     page_owners: list[int] = []
     token_owner: list[int] = []
     for req in requests:
@@ -298,9 +319,10 @@ def mqa_logits_elements(
     head_owners: list[int | None] | None = None,
     phases: list[int] | None = None,
     policy: str = "rotation",
+    strategy: str = "zigzag",
 ) -> list[int]:
     """Per-rank sum over requests and maximal runs [a, b) (absolute positions) of (b - a) * b."""
-    batch = plan_batch(prefix_lens, extend_lens, cp_size, page_size, head_owners, phases, policy)
+    batch = plan_batch(prefix_lens, extend_lens, cp_size, page_size, head_owners, phases, policy, strategy)
     out = [0] * cp_size
     for req, L0 in zip(batch["requests"], prefix_lens, strict=True):
         for r in range(cp_size):
@@ -319,13 +341,14 @@ def local_mqa_logits_elements(
     head_owners: list[int | None] | None = None,
     phases: list[int] | None = None,
     policy: str = "rotation",
+    strategy: str = "zigzag",
 ) -> list[int]:
     """Logits elements per rank under kv_access = local (docs/distributed.md).
 
     For every maximal run [a, b) of one request's positions computed by any rank, rank r materialises
     (b - a) * k_r(b) elements, k_r(b) = positions s < b whose page (page_lanes[i][s // P]) is on lane r.
     """
-    batch = plan_batch(prefix_lens, extend_lens, cp_size, page_size, head_owners, phases, policy)
+    batch = plan_batch(prefix_lens, extend_lens, cp_size, page_size, head_owners, phases, policy, strategy)
     out = [0] * cp_size
     for i, (req, L0) in enumerate(zip(batch["requests"], prefix_lens, strict=True)):
         for owner in range(cp_size):
@@ -344,9 +367,11 @@ def mqa_logits_elements_per_segment(
     head_owners: list[int | None] | None = None,
     phases: list[int] | None = None,
     policy: str = "rotation",
+    strategy: str = "zigzag",
 ) -> list[int]:
-    """Lower estimate: the head run and every zigzag segment are counted as separate runs (no merging)."""
-    batch = plan_batch(prefix_lens, extend_lens, cp_size, page_size, head_owners, phases, policy)
+    """Lower estimate: the head run and every zigzag segment (every page under interleave) are counted as
+    separate runs (no merging)."""
+    batch = plan_batch(prefix_lens, extend_lens, cp_size, page_size, head_owners, phases, policy, strategy)
     out = [0] * cp_size
     for req, L0, E in zip(batch["requests"], prefix_lens, extend_lens, strict=True):
         P = page_size

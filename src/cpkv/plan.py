@@ -26,10 +26,10 @@ class RequestPlan:
         prefix_len: tokens already cached (L0).
         extend_len: new tokens computed in this forward (E).
         req_index: position of the request in its batch.
-        phase: lane of zigzag segment 0 (C-PHASE, or the explicit ``phase=``).
+        phase: lane of zigzag segment 0, or of new page 0 under interleave (C-PHASE, or the explicit ``phase=``).
         head_owner: lane of the partly filled last prefix page when the request has head tokens, else None.
         head_tokens: extend tokens that fill that page, ``h = min(E, P - L0 % P)`` or 0 (C-HEAD).
-        page_owners: ``[m]`` owner lane of each new page, in page order (C-ZIGZAG).
+        page_owners: ``[m]`` owner lane of each new page, in page order (C-ZIGZAG, C-INTERLEAVE).
         token_owner: ``[E]`` rank that computes (and owns) each extend token (C-OWNER-EQ-COMPUTE).
         per_rank_tokens: ``[C]`` extend tokens computed by each rank; sums to E.
         last_token_owner: rank holding the last extend token, -1 when E == 0.
@@ -114,7 +114,8 @@ class BatchPlan:
 
     def __repr__(self) -> str:
         return (f"BatchPlan(cp_size={self.config.cp_size}, page_size={self.config.page_size}, "
-                f"owner_policy={self.config.owner_policy!r}, requests={self.num_requests}, tokens={self.num_tokens}, "
+                f"owner_policy={self.config.owner_policy!r}, cp_strategy={self.config.cp_strategy!r}, "
+                f"requests={self.num_requests}, tokens={self.num_tokens}, "
                 f"new_pages={self.page_owners.shape[0]}, per_rank_tokens={self.per_rank_tokens.tolist()})")  # fmt: skip
 
     @property

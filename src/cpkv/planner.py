@@ -1,6 +1,7 @@
-"""Owner planning: rotation phase, zigzag page owners, head tokens, batches, gather index.
+"""Owner planning: rotation phase, zigzag or interleaved page owners, head tokens, batches, gather index.
 
-Implements SPEC C-PHASE, C-ZIGZAG, C-HEAD, C-OWNER-EQ-COMPUTE, C-BATCH, C-BS1-COMPATIBILITY and C-GATHER.
+Implements SPEC C-PHASE, C-ZIGZAG, C-INTERLEAVE, C-HEAD, C-OWNER-EQ-COMPUTE, C-BATCH, C-BS1-COMPATIBILITY and
+C-GATHER.
 
 One code path: ``plan_request`` is ``plan_batch`` of one request. The batch planner is vectorised over
 requests, pages and tokens at once (numpy; no Python loop over tokens or pages), and every request is
@@ -13,8 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .config import LEGACY, CPConfig
+from .config import INTERLEAVE, LEGACY, CPConfig
 from .errors import PlanError, UnsupportedPagePlan
+from .interleave import interleave_split
 from .plan import BatchPlan, RequestPlan
 from .policy import rotation_phase, zigzag_lane_pages
 from .runs import RAMP, TokenRuns, indptr
@@ -70,7 +72,7 @@ def plan_request(
     head_owner: int | None = None,
     phase: int | None = None,
 ) -> RequestPlan:
-    """Plan the owners of one request's extend tokens (SPEC C-PHASE, C-ZIGZAG, C-HEAD).
+    """Plan the owners of one request's extend tokens (SPEC C-PHASE, C-ZIGZAG or C-INTERLEAVE, C-HEAD).
 
     The same code path as ``plan_batch`` (C-BS1-COMPATIBILITY): this is the batch planner on a batch of
     one whose request sits at ``req_index``.
@@ -78,14 +80,15 @@ def plan_request(
     Args:
         prefix_len: tokens already in the KV cache (L0 >= 0).
         extend_len: new tokens (E >= 0).
-        config: the CP group's ``CPConfig`` (cp_size, page_size, owner_policy).
+        config: the CP group's ``CPConfig`` (cp_size, page_size, owner_policy, cp_strategy).
         req_index: position of the request in its batch, ``0 <= req_index <= MAX_POSITION``; enters the
             rotation phase.
         head_owner: lane of the page holding ``last_loc`` (needed when ``L0 % P != 0`` and ``E > 0``).
         phase: explicit phase in ``[0, C)`` (used by the ``balanced`` allocator); overrides the policy.
 
     Returns:
-        A ``RequestPlan``; e.g. C=4, P=64, L0=0, E=1000: page_owners ``[0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0]``.
+        A ``RequestPlan``; e.g. C=4, P=64, L0=0, E=1000: page_owners ``[0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0]``
+        under ``zigzag``, ``[0,1,2,3] * 4`` under ``interleave`` (per_rank_tokens ``[256,256,256,232]``).
 
     Raises:
         PlanError: a non-integer argument (a bool, a float; the message names ``prefix_len``, ``extend_len``,
@@ -146,7 +149,8 @@ def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index:
 
 def plan_arrays(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners, phases, first_index: int = 0,
                 lanes_valid: bool = False, stamp: object = None) -> BatchPlan:  # fmt: skip
-    """``plan_batch`` for a caller that has already checked the lengths (C-BATCH, C-HEAD, C-ZIGZAG).
+    """``plan_batch`` for a caller that has already checked the lengths (C-BATCH, C-HEAD, C-ZIGZAG,
+    C-INTERLEAVE: ``config.cp_strategy`` picks the page rule).
 
     Args:
         L0, E: ``[B]`` int64 prefix and extend lengths as ``validate.lengths`` returns them (valid; copied,
@@ -195,9 +199,12 @@ def plan_arrays(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners,
         phase = rotation_phase(L0, req_idx, P, C)
 
     head = np.where(h > 0, head, -1)  # a head owner is recorded only where head tokens exist (C-HEAD)
-    m, page_owners, runs, last_owner = _runs(E, h, head, phase, C, P)
-    per_req = np.bincount(runs.req * C + runs.owner, weights=runs.length, minlength=B * C)
-    per_req = per_req.astype(_I64).reshape(B, C)
+    if config.cp_strategy == INTERLEAVE:  # C-INTERLEAVE: counts in closed form, the runs deferred
+        m, page_owners, per_req, last_owner, runs = interleave_split(E, h, head, phase, C, P)
+    else:
+        m, page_owners, runs, last_owner = _runs(E, h, head, phase, C, P)
+        per_req = np.bincount(runs.req * C + runs.owner, weights=runs.length, minlength=B * C)
+        per_req = per_req.astype(_I64).reshape(B, C)
     per_rank = np.add.reduce(per_req, axis=0)
     max_rank = max(per_rank.tolist(), default=0)
     page_indptr = indptr(m)
@@ -220,10 +227,10 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
     Per request a table row of 2C + 1 runs: column 0 its head run (h tokens, no new page), then its 2C
     zigzag segments. The ``t = E - h`` tokens after the head start a new page, so ``m = ceil(t / P)``;
     segment s holds ``m // 2C`` pages, one more for the first ``m % 2C``, goes to zigzag rank
-    ``z = s if s < C else 2C-1-s`` and is owned by lane ``(z + phase) % C`` (both from tables made once per
-    cp_size). A segment holds ``P * pages`` tokens, except the request's last non-empty one (column
-    ``min(m, 2C)``; segments fill in order), which lacks ``(-t) % P`` tokens; that column's owner owns the last
-    token (the head's when m == 0). Page owners are ``np.repeat`` of the owners by the pages: no per-page
+    ``z = s if s < C else 2C-1-s`` and is owned by lane ``(z + phase) % C`` (``_segment_rows``: from tables
+    made once per cp_size up to 64 lanes, computed above). A segment holds ``P * pages`` tokens, except the
+    request's last non-empty one (column ``min(m, 2C)``; segments fill in order), which lacks ``(-t) % P``
+    tokens; that column's owner owns the last token (the head's when m == 0). Page owners are ``np.repeat`` of the owners by the pages: no per-page
     arithmetic; empty runs are dropped. Example P=64, C=2, L0=100, E=200, head owner 1, phase 1: h=28, m=3,
     segments [1, 1, 1, 0] on ranks [1, 0, 1, 0] -> runs (rank, tokens) (1, 28), (1, 64), (0, 64), (1, 44);
     C=4, m=16, phase 0: page owners [0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0].
@@ -232,11 +239,9 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
     t = E - h  # [B] tokens on new pages
     m = -(-t // P)  # [B] new pages
     base, rem = np.divmod(m, S)
-    fill, lanes = _segment_tables(C)
-    pages = fill[rem]  # [B, S + 1] (a new array) pages per run: [0, (s < m % 2C) for each segment s] ...
-    pages += base[:, None]  # ... plus m // 2C
-    pages[:, 0] = 0  # ... and none for the head run
-    owner = lanes[phase]  # [B, S + 1]: [-, (z_s + phase) % C for each segment s]
+    pages, owner = _segment_rows(rem, phase, C)  # [B, S + 1] each, new arrays: pages per run [0, (s < m % 2C)
+    pages += base[:, None]  # for each segment s] plus m // 2C; owners [-, (z_s + phase) % C for each segment s]
+    pages[:, 0] = 0  # ... and no page for the head run
     owner[:, 0] = head
     length = pages * P
     length[:, 0] = h
@@ -252,12 +257,32 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
 
 
 _SEGMENT_TABLES: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_TABLE_MAX_CP = 64  # segment tables are cached up to this cp_size (24 C (2C + 1) bytes: 195 KiB at 64)
+
+
+def _segment_rows(rem: np.ndarray, phase: np.ndarray, C: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(fill, lanes)`` rows of a batch, int64 ``[B, 2C+1]`` each (new arrays): ``_segment_tables``'s row
+    ``rem[i]`` of ``fill`` and row ``phase[i]`` of ``lanes`` for request i. Up to ``_TABLE_MAX_CP`` lanes the
+    rows are taken from the cached tables; above it they are computed, O(B * C), so a large cp_size never
+    builds the O(C**2) tables (at 4096 lanes they would take 805 MiB)."""
+    if C <= _TABLE_MAX_CP:
+        fill, lanes = _segment_tables(C)
+        return fill[rem], lanes[phase]
+    S = 2 * C
+    s = np.arange(S, dtype=_I64)
+    z = np.where(s < C, s, S - 1 - s)
+    fill = np.zeros((rem.shape[0], S + 1), dtype=_I64)
+    np.less(s[None, :], rem[:, None], out=fill[:, 1:], casting="unsafe")
+    lanes = np.zeros((phase.shape[0], S + 1), dtype=_I64)
+    np.remainder(z[None, :] + phase[:, None], C, out=lanes[:, 1:])
+    return fill, lanes
 
 
 def _segment_tables(C: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(fill, lanes)``, int64 ``[2C, 2C+1]`` and ``[C, 2C+1]``, read-only, made once per cp_size: per run
-    column (0: the head run, 1 + s: segment s) ``fill[r, 1 + s] = [s < r]`` and ``lanes[f, 1 + s] = (z + f) % C``
-    with zigzag rank ``z = s if s < C else 2C-1-s``; column 0 is 0."""
+    """``(fill, lanes)``, int64 ``[2C, 2C+1]`` and ``[C, 2C+1]``, read-only, made once per cp_size (only up to
+    ``_TABLE_MAX_CP``, see ``_segment_rows``): per run column (0: the head run, 1 + s: segment s)
+    ``fill[r, 1 + s] = [s < r]`` and ``lanes[f, 1 + s] = (z + f) % C`` with zigzag rank
+    ``z = s if s < C else 2C-1-s``; column 0 is 0."""
     got = _SEGMENT_TABLES.get(C)
     if got is None:
         s = np.arange(2 * C, dtype=_I64)

@@ -1,10 +1,12 @@
-"""Owner-policy rules: which lane owns a request's zigzag segment 0 (SPEC C-PHASE, C-ZIGZAG, C-BALANCED).
+"""Owner-policy rules: which lane owns a request's first new page (its phase) (SPEC C-PHASE, C-ZIGZAG,
+C-INTERLEAVE, C-BALANCED).
 
 Pure functions of lengths, batch positions and free pages per lane; no allocator, no plan:
 - ``rotation_phase``: ``(prefix_len // P + req_index) % C`` (C-PHASE), the one place it is written;
 - ``zigzag_rank_pages`` / ``zigzag_lane_pages``: a request's new pages per zigzag rank / lane (C-ZIGZAG);
+  ``lane_pages``: per lane under either CP strategy (C-INTERLEAVE: ``m // C`` each, one more on ``m % C`` lanes);
 - ``balanced_phase`` / ``balanced_phases``: C-BALANCED's phase of each request of a batch (as amended: fit on
-  every new page, balance on the pages a request keeps);
+  every new page, balance on the pages a request keeps), with pages counted by the CP strategy's rule;
 - ``one_page_lanes``: the lane of each new page of a batch whose requests take at most one new page each,
   under any policy (``legacy``: 0; ``rotation``: the rotation phase; ``balanced``: C-BALANCED for one page);
 - ``follows_free_pages``: whether a policy's phases depend on the free pages (a plan made under other free
@@ -17,7 +19,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from .config import BALANCED, LEGACY, ROTATION, CPConfig
+from .config import BALANCED, INTERLEAVE, LEGACY, ROTATION, ZIGZAG, CPConfig
 
 _I64 = np.int64
 
@@ -48,6 +50,32 @@ def zigzag_lane_pages(num_pages: int, phase: int, cp_size: int) -> np.ndarray:
     return np.roll(zigzag_rank_pages(np.array([num_pages], dtype=_I64), cp_size)[0], phase)
 
 
+def lane_pages(num_pages: int, phase: int, cp_size: int, cp_strategy: str = ZIGZAG) -> np.ndarray:
+    """Pages per lane, int64 ``[C]``, of a request with ``num_pages`` new pages and ``phase`` under
+    ``cp_strategy``: ``zigzag_lane_pages`` (C-ZIGZAG) or, under ``interleave`` (C-INTERLEAVE), ``m // C`` on
+    every lane and one more on the ``m % C`` lanes ``phase, phase + 1, ...`` (mod C). Example m=6, C=4,
+    phase 3, interleave -> [2, 1, 1, 2]. O(C)."""
+    if cp_strategy != INTERLEAVE:
+        return zigzag_lane_pages(num_pages, phase, cp_size)
+    return cyclic_lane_pages(np.array([num_pages], dtype=_I64), np.array([phase], dtype=_I64), cp_size)[0]
+
+
+def lane_mod(x: np.ndarray, cp_size: int) -> np.ndarray:
+    """``x % cp_size`` for int64 ``x >= 0`` (a new array): a bitwise and when cp_size is a power of two
+    (numpy's integer ``%`` costs several times more)."""
+    return x & (cp_size - 1) if cp_size & (cp_size - 1) == 0 else x % cp_size
+
+
+def cyclic_lane_pages(num_pages: np.ndarray, phases: np.ndarray, cp_size: int) -> np.ndarray:
+    """Pages per request and lane under C-INTERLEAVE, int64 ``[B, C]`` (a new array): request i's
+    ``num_pages[i]`` new pages go round robin from lane ``phases[i]``, so lane r holds ``m // C`` of them plus
+    one when ``(r - phase) % C < m % C``. ``num_pages``, ``phases``: int64 ``[B]``. O(B * C).
+    Example m [6, 3], phases [3, 0], C 4 -> [[2, 1, 1, 2], [1, 1, 1, 0]]."""
+    q, rem = np.divmod(num_pages, cp_size)
+    rel = lane_mod(np.arange(cp_size, cp_size * 2, dtype=_I64)[None, :] - phases[:, None], cp_size)  # [B, C]
+    return q[:, None] + (rel < rem[:, None])
+
+
 def zigzag_rank_pages(num_pages: np.ndarray, cp_size: int) -> np.ndarray:
     """Pages of each zigzag rank for requests of ``num_pages`` new pages (int64 ``[k]``), int64 ``[k, C]``
     (C-ZIGZAG): rank z holds segments z and 2C-1-z, so ``2 * (m // 2C) + [z < m % 2C] + [2C-1-z < m % 2C]``.
@@ -60,8 +88,9 @@ def zigzag_rank_pages(num_pages: np.ndarray, cp_size: int) -> np.ndarray:
 
 
 def balanced_phases(prefix_lens: np.ndarray, extend_lens: np.ndarray, free_pages: np.ndarray, page_size: int,
-                    cp_size: int) -> np.ndarray:  # fmt: skip
-    """C-BALANCED: each request's phase, requests in batch order (``balanced_phase``), ``[B]`` int64.
+                    cp_size: int, cp_strategy: str = ZIGZAG) -> np.ndarray:  # fmt: skip
+    """C-BALANCED: each request's phase, requests in batch order (``balanced_phase``), ``[B]`` int64, with
+    ``n_r(f)`` and ``k_r(f)`` counted by ``cp_strategy``'s rule (C-ZIGZAG or C-INTERLEAVE).
 
     ``prefix_lens``, ``extend_lens``: int64 ``[B]`` (checked); ``free_pages``: int64 ``[C]`` free pages per
     lane before the batch (not modified). Each request sees the free pages the earlier ones left and the
@@ -81,13 +110,16 @@ def balanced_phases(prefix_lens: np.ndarray, extend_lens: np.ndarray, free_pages
     free = free_pages.tolist()  # [C] Python ints: a few requests of C lanes cost less than numpy calls
     transient = [0] * C
     partial = (end[rows] % P != 0).tolist()
+    interleave = cp_strategy == INTERLEAVE
     for i, pages, f, part in zip(rows.tolist(), m[rows].tolist(), rotation[rows].tolist(), partial, strict=True):
-        phases[i] = balanced_phase(free, transient, pages, f, part)
+        phases[i] = balanced_phase(free, transient, pages, f, part, interleave)
     return phases
 
 
-def balanced_phase(free: list[int], transient: list[int], m: int, rotation: int, partial: bool) -> int:
-    """C-BALANCED phase of one request of ``m >= 1`` new pages (the one rule, also for one-page requests).
+def balanced_phase(free: list[int], transient: list[int], m: int, rotation: int, partial: bool,
+                   interleave: bool = False) -> int:  # fmt: skip
+    """C-BALANCED phase of one request of ``m >= 1`` new pages (the one rule, also for one-page requests);
+    pages counted by C-ZIGZAG, or by C-INTERLEAVE when ``interleave``.
 
     ``free``: each lane's free pages (``C`` ints) after the batch's earlier requests; ``transient``: the
     partly filled last pages those requests took per lane (``t_r``); both are updated here by this
@@ -102,8 +134,10 @@ def balanced_phase(free: list[int], transient: list[int], m: int, rotation: int,
     (``rem = m % 2C``): ``K`` on every rank plus one on a window of ``w < C`` consecutive ranks from rank
     ``s``; phase f moves rank z to lane ``(z + f) % C``. ``rem < C``: ``K = 2 * (m // 2C)``, window
     ``[0, rem)``; ``rem >= C``: ``K = 2 * (m // 2C) + 1``, window ``[2C - rem, C)``. The last page is on rank
-    ``zl`` (0 when ``m >= 2C``, else the rank of segment ``m - 1``), lane ``(zl + f) % C``. Each criterion is
-    then a window count or sum over prefix sums of the doubled lane arrays:
+    ``zl`` (0 when ``m >= 2C``, else the rank of segment ``m - 1``), lane ``(zl + f) % C``. C-INTERLEAVE has
+    the same shape: ``K = m // C`` on every lane, the window ``[0, m % C)`` of ranks ``k = 0, 1, ...`` (page k
+    on lane ``(k + f) % C``), the last page on rank ``(m - 1) % C``. Each criterion is then a window count
+    or sum over prefix sums of the doubled lane arrays:
     ``min_r(x_r - n_r(f)) = min(x) - K - [the window holds a least-x lane]``; with the transient page the
     minimum of ``e_r = g_r - K - [r in window]`` rises by one exactly when its only minimiser is the
     last page's lane. Examples: C=4, free [7, 8, 8, 8], m=3 (whole pages), rotation 0: only phase 1
@@ -132,9 +166,13 @@ def balanced_phase(free: list[int], transient: list[int], m: int, rotation: int,
                     best, f = free[j] + transient[j], j
         free[f] -= 1
         return f
-    q, rem = divmod(m, 2 * C)
-    K, w, s = (2 * q, rem, 0) if rem < C else (2 * q + 1, rem - C, 2 * C - rem)  # rem = C: K + 1 everywhere
-    zl = 0 if m >= 2 * C else (m - 1 if m <= C else 2 * C - m)  # zigzag rank of the last page
+    if interleave:
+        K, w = divmod(m, C)
+        s, zl = 0, (m - 1) % C  # the window starts at the phase; zl: the last page's rank
+    else:
+        q, rem = divmod(m, 2 * C)
+        K, w, s = (2 * q, rem, 0) if rem < C else (2 * q + 1, rem - C, 2 * C - rem)  # rem = C: K + 1 everywhere
+        zl = 0 if m >= 2 * C else (m - 1 if m <= C else 2 * C - m)  # zigzag rank of the last page
     last_in_window = s <= zl < s + w
     least = min(free)
     low = list(accumulate([v == least for v in free + free], initial=0))  # least-free lanes
@@ -178,8 +216,9 @@ def one_page_lanes(prefix_lens: np.ndarray, extend_lens: np.ndarray | None, new_
     ``prefix_lens``: int64 ``[B]``; ``extend_lens``: int64 ``[B]``, or None for one token each (decode);
     ``new_rows``: int64 ``[k]`` requests that take a page (their batch positions), ascending;
     ``free_pages``: int64 ``[C]`` free pages per lane (not modified). With one new page, C-ZIGZAG puts it in
-    segment 0, owned by the request's phase, so this is the phase under ``config.owner_policy``: ``legacy``
-    0, ``rotation`` the rotation phase, ``balanced`` ``balanced_phase`` with one page (the one rule).
+    segment 0 and C-INTERLEAVE on lane ``phase + 0``: under either CP strategy its owner is the request's
+    phase, so this is the phase under ``config.owner_policy``: ``legacy`` 0, ``rotation`` the rotation phase,
+    ``balanced`` ``balanced_phase`` with one page (the one rule).
     Example C=4, balanced, free [5, 7, 7, 6], one-token requests (partly filled pages, kept by none) with
     rotation phases [3, 0]: lanes [1, 2].
     """

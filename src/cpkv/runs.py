@@ -1,12 +1,14 @@
 """Run-length toolkit: a batch's tokens as runs of one owner, and the numpy helpers that expand runs.
 
-The planner describes a batch's extend tokens as ``TokenRuns`` (at most ``B * (2C + 1)`` runs instead of
-``sum E`` tokens); slots, the gather index, the kernels' tables and the prefix cache expand or rank runs
-with the helpers here, without a Python loop over runs.
+The planner describes a batch's extend tokens as ``TokenRuns`` (at most ``B * (2C + 1)`` runs under zigzag,
+one per head and new page under interleave, built on first read; instead of ``sum E`` tokens); slots, the
+gather index, the kernels' tables and the prefix cache expand or rank runs with the helpers here, without a
+Python loop over runs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,14 +24,16 @@ RAMP.setflags(write=False)
 @dataclass(frozen=True)
 class TokenRuns:
     """Run-length form of a batch's extend tokens, flat order: per request its head run, then one run per
-    zigzag segment, each run one owner; empty runs are left out (so ``R <= B * (2C + 1)``).
+    zigzag segment (C-ZIGZAG; ``R <= B * (2C + 1)``) or per new page (C-INTERLEAVE; ``R <= B + sum m``), each
+    run one owner; empty runs are left out.
 
     Attributes:
         req: ``[R]`` int64 request of each run.
         owner: ``[R]`` int64 owning (computing) rank.
         length: ``[R]`` int64 tokens of each run (>= 1); a segment's last page holds only the tokens up to
             ``prefix_len + extend_len``.
-        pages: ``[R]`` int64 new pages of each run: 0 for a head run, else the segment's pages (their
+        pages: ``[R]`` int64 new pages of each run: 0 for a head run, else the segment's pages (1 per run
+            under interleave) (their
             order is ``page_owners`` order).
     """
 
@@ -38,12 +42,34 @@ class TokenRuns:
     length: np.ndarray
     pages: np.ndarray
 
+    @classmethod
+    def deferred(cls, make: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> TokenRuns:
+        """Runs whose four arrays ``make()`` returns, ``(req, owner, length, pages)``, called once, on the first
+        read of any of them (C-INTERLEAVE: one run per page, which a plan that only counts pages never reads).
+        ``make`` must be pure and picklable (a ``functools.partial`` of a module function over read-only arrays)."""
+        runs = object.__new__(cls)
+        object.__setattr__(runs, "_make", make)
+        return runs
+
+    def __getattr__(self, name: str):  # reached only for an attribute not yet set: a deferred run's arrays
+        make = self.__dict__.get("_make")
+        if make is None or name not in _FIELDS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        for key, arr in zip(_FIELDS, make(), strict=True):
+            arr.setflags(write=False)
+            object.__setattr__(self, key, arr)
+        object.__setattr__(self, "_make", None)
+        return self.__dict__[name]
+
     def expand(self, run_start: np.ndarray) -> np.ndarray:
         """``[sum length]`` int64: run j's tokens get ``run_start[j], run_start[j] + 1, ...``.
 
         Example lengths [2, 1, 3], starts [10, 99, 50] -> [10, 11, 99, 50, 51, 52].
         """
         return expand_runs(run_start, self.length)
+
+
+_FIELDS = ("req", "owner", "length", "pages")
 
 
 def run_starts(values: np.ndarray) -> np.ndarray:

@@ -317,21 +317,23 @@ def plan_bytes(prefix_lens: np.ndarray, extend_lens: np.ndarray, config) -> tupl
 
     Bytes: 8 per token for each of ``token_owner``, ``gather_index`` and ``out_cache_loc``, 8 per new page
     for each of ``page_owners`` and ``new_pages``, and about 80 per request and segment (``B x (2C + 1)``
-    segment tables and token runs). ``prefix_lens``, ``extend_lens``: int64 ``[B]`` (checked lengths);
+    segment tables and token runs); under ``cp_strategy="interleave"`` 32 more per new page (its token runs,
+    one per page, C-INTERLEAVE). ``prefix_lens``, ``extend_lens``: int64 ``[B]`` (checked lengths);
     ``config``: the ``CPConfig``. Example C=4, P=64, one request of 1000 tokens: 16 pages,
-    8 * (3000 + 32) + 80 * 9 = 24,976 bytes.
+    8 * (3000 + 32) + 80 * 9 = 24,976 bytes (interleave: 25,488).
     """
     P, C = config.page_size, config.cp_size
     pages = -(-(prefix_lens + extend_lens) // P) - -(-prefix_lens // P)  # [B], each <= 2**53
     tokens, n_pages = exact_sum(extend_lens), exact_sum(pages)
-    return tokens, n_pages, 8 * (3 * tokens + 2 * n_pages) + 80 * extend_lens.shape[0] * (2 * C + 1)
+    per_page = 48 if config.cp_strategy == "interleave" else 16
+    return tokens, n_pages, 24 * tokens + per_page * n_pages + 80 * extend_lens.shape[0] * (2 * C + 1)
 
 
 def plan_bytes_bound(num_requests: int, max_extend: int, max_pages: int, cp_size: int) -> int:
-    """An upper bound of ``plan_bytes`` for ``num_requests`` requests of at most ``max_extend`` tokens and
-    ``max_pages`` new pages each, in bytes (one product: no pass over the lengths)."""
+    """An upper bound of ``plan_bytes`` (either CP strategy) for ``num_requests`` requests of at most
+    ``max_extend`` tokens and ``max_pages`` new pages each, in bytes (one product: no pass over the lengths)."""
     B = num_requests
-    return 8 * B * (3 * max_extend + 2 * max_pages) + 80 * B * (2 * cp_size + 1)
+    return 8 * B * (3 * max_extend + 6 * max_pages) + 80 * B * (2 * cp_size + 1)
 
 
 def check_plan_size(prefix_lens: np.ndarray, extend_lens: np.ndarray, config) -> None:

@@ -1,7 +1,8 @@
 """The one-page path: allocation without the extend planner when every request takes at most one new page.
 
 Decode steps (``alloc_decode``: E = 1 per request) and small calls (a few short requests) take it. With at
-most one new page, C-ZIGZAG puts that page in segment 0, whose owner is the request's phase, so the
+most one new page, C-ZIGZAG puts that page in segment 0 and C-INTERLEAVE on lane ``phase + 0``: under either
+CP strategy its owner is the request's phase, so the
 allocation needs only each new page's lane under the policy in force (``policy.one_page_lanes``), its page
 off that lane (``LanePool.pick_one_each``) and the slots (``slots.one_page_slots``): head tokens at
 ``last_loc + 1 ...`` (C-HEAD), the rest at ``page * P + offset`` of the new page.

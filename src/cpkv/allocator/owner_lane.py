@@ -12,13 +12,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..config import CPConfig
+from ..config import INTERLEAVE, CPConfig
 from ..errors import AllocatorError, ConfigError
 from ..kernels.backend import interpreter_requested, kernel_mode, use_kernels
 from ..layout import check_pool_kind
 from ..plan import BatchPlan
 from ..planner import plan_arrays
-from ..policy import balanced_phases, follows_free_pages
+from ..policy import balanced_phases, cyclic_lane_pages, follows_free_pages
 from ..slots import extend_slots
 from ..validate import as_int, as_int_array, check_int, lengths, per_lane_ints
 from .checks import check_pool_size, check_shared_heads, head_owners, lane_array, page_id_array
@@ -69,7 +69,8 @@ class OwnerLaneAllocator:
                 raise ConfigError(
                     f"a replicated pool has one page count, held by every rank; got pages_per_lane={pages_per_lane!r}"
                 )
-            config = CPConfig(1, config.page_size, config.owner_policy)  # no owners: one lane (C-POOL)
+            cfg = config  # no owners: one lane (C-POOL)
+            config = CPConfig(1, cfg.page_size, cfg.owner_policy, cfg.cp_strategy)
         C = config.cp_size
         caps = per_lane_ints("pages_per_lane", pages_per_lane, C, 1)
         check_pool_size(C, max(caps), config.page_size)
@@ -247,9 +248,14 @@ class OwnerLaneAllocator:
 
     def _commit_plan(self, plan: BatchPlan, last: np.ndarray) -> ExtendAllocation:
         """Pick every run's pages, write ``out_cache_loc``, then take the pages (C-ATOMIC)."""
-        runs = plan.token_runs
-        seg = runs.pages > 0  # the runs of new pages (zigzag segments), in page order
-        new_pages, counts = self.pool.pick(runs.owner[seg], runs.pages[seg])
+        if plan.config.cp_strategy == INTERLEAVE:  # one page a run: lanes in closed form, no run sort
+            m = plan.page_indptr[1:] - plan.page_indptr[:-1]
+            lane_pages = cyclic_lane_pages(m, plan.request_phases, plan.config.cp_size)
+            new_pages, counts = self.pool.pick_cyclic(plan.request_phases, m, plan.page_owners, lane_pages)
+        else:
+            runs = plan.token_runs
+            seg = runs.pages > 0  # the runs of new pages (zigzag segments), in page order
+            new_pages, counts = self.pool.pick(runs.owner[seg], runs.pages[seg])
         if self._kernels:  # CUDA (or Triton's interpreter): written on the device in one launch
             from ..kernels.slots import fill_out_cache_loc
 
@@ -369,7 +375,7 @@ class OwnerLaneAllocator:
         check_shared_heads(L0, E, last, self.config.page_size)
         P, C = self.config.page_size, self.config.cp_size
         balanced = follows_free_pages(self.config.owner_policy)
-        phases = balanced_phases(L0, E, self.pool.free, P, C) if balanced else None
+        phases = balanced_phases(L0, E, self.pool.free, P, C, self.config.cp_strategy) if balanced else None
         stamp = self._commits.stamp(last, balanced)
         plan = plan_arrays(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True, stamp=stamp)
         return plan, last

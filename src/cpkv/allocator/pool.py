@@ -161,6 +161,39 @@ class LanePool:
         top = self._base + self._top - 1  # [C] index of each lane's top page in _stack
         return self._stack[expand_runs(top[run_owner] - before, run_pages, step=-1)], counts
 
+    def pick_cyclic(self, first_lanes: np.ndarray, num_pages: np.ndarray, lanes: np.ndarray,
+                    lane_pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """``pick`` of one-page runs on cyclic lanes: request i takes ``num_pages[i]`` pages on lanes
+        ``first_lanes[i], first_lanes[i] + 1, ...`` (mod C), in order (C-INTERLEAVE); ``(pages, counts)``.
+
+        ``lanes``: int64 ``[sum num_pages]`` those lanes, flat; ``lane_pages``: int64 ``[B, C]`` each request's
+        pages per lane. The same pages as ``pick`` of one run per page, without its sort: page k of request i
+        comes ``prior[i, lane] + k // C`` pages below its lane's top, ``prior`` being the pages the earlier
+        requests take on that lane. LaneExhausted when a lane is short. Example C=2, stacks with tops
+        [4, 1]: one request from lane 1, 3 pages -> lanes 1, 0, 1 -> pages 1, 4, then the page under 1.
+        """
+        counts = lane_pages.sum(axis=0)
+        self.check_counts(counts)
+        C, B, N = self.cp_size, num_pages.shape[0], lanes.shape[0]
+        top = self._base + self._top - 1  # [C] index of each lane's top page in _stack
+        if B == 1:  # by doubling: the period of C lanes from first_lanes[0], each block one page lower
+            idx = np.empty(N, dtype=_I64)
+            k = min(N, C)
+            idx[:k] = top[(int(first_lanes[0]) + np.arange(k, dtype=_I64)) % C]
+            filled = k
+            while filled < N:
+                c = min(filled, N - filled)
+                np.subtract(idx[:c], filled // C, out=idx[filled : filled + c])
+                filled += c
+            return self._stack[idx], counts
+        first = np.zeros(B + 1, dtype=_I64)
+        np.add.accumulate(num_pages, out=first[1:])
+        req = np.repeat(np.arange(B, dtype=_I64), num_pages)
+        k = np.arange(N, dtype=_I64) - first[req]
+        prior = np.add.accumulate(lane_pages, axis=0) - lane_pages  # [B, C]
+        idx = top[lanes] - prior.ravel()[req * C + lanes] - k // C
+        return self._stack[idx], counts
+
     def pick_one_each(self, lanes: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
         """``pick`` of one page per lane listed (``lanes``: ints in ``[0, C)``), or None when a lane is short.
         Few pages: each lane's next pages off its stack, in order, in Python; the same pages as ``pick``."""

@@ -95,7 +95,8 @@ class Commits:
             head_owners(self.pool, self.config, plan.prefix_lens, last)  # raises on a last_loc freed since
             if stamp.free is not None and stamp.free != self.pool.free.tobytes():
                 C, P = self.config.cp_size, self.config.page_size
-                phases = balanced_phases(plan.prefix_lens, plan.extend_lens, self.pool.free, P, C)
+                phases = balanced_phases(plan.prefix_lens, plan.extend_lens, self.pool.free, P, C,
+                                         self.config.cp_strategy)
                 if phases.tobytes() != plan.request_phases.tobytes():
                     raise StalePlanError(
                         f"the free pages per lane changed since the plan was made ({self.pool.free.tolist()} now) and "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..config import OWNER_POLICIES, CPConfig
+from ..config import CP_STRATEGIES, OWNER_POLICIES, CPConfig
 from ..sim.config import SimConfig
 from ..validate import duplicate_key, duplicate_key_line
 from .options import FilePath, InputError
@@ -23,10 +23,14 @@ from .options import FilePath, InputError
 @click.option("--head-owner", type=int, multiple=True, help="Lane of each request's last_loc page (-1: none).")
 @click.option("--policy", type=click.Choice(list(OWNER_POLICIES)), default=None,
               help="Owner policy (default: $CPKV_OWNER_POLICY, else balanced).")  # fmt: skip
+@click.option("--cp-strategy", type=click.Choice(list(CP_STRATEGIES)), default=None,
+              help="How new pages go to lanes: zigzag (2C segments) or interleave (page k on lane "
+                   "(phase + k) % C, SGLang's round robin) (default: $CPKV_CP_STRATEGY, else zigzag).")  # fmt: skip
 @click.option("--batch", type=FilePath(), default=None,
               help="JSON list of {prefix_len, extend_len[, head_owner]} instead of the flags.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, policy, batch, as_json) -> None:
+def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, policy, cp_strategy, batch,
+         as_json) -> None:  # fmt: skip
     """Plan page owners for one request or a batch: phase, lane strip, per-rank tokens, MQA-logits.
 
     \b
@@ -50,7 +54,7 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
         raise InputError(f"give one --prefix-len per --extend-len (got {len(prefix_len)} and {len(extend_len)})")
     if head_owner and len(head_owner) != len(extend_len):
         raise InputError(f"give one --head-owner per request or none (got {len(head_owner)} for {len(extend_len)})")
-    config = CPConfig(cp_size, page_size, policy)
+    config = CPConfig(cp_size, page_size, policy, cp_strategy)
     heads = [None if h == -1 else h for h in head_owner] if head_owner else None
     if req_index is not None:
         if len(extend_len) != 1:

@@ -48,6 +48,7 @@ def plan_to_dict(plan: BatchPlan | RequestPlan, config: CPConfig | None = None) 
         "cp_size": cfg.cp_size,
         "page_size": cfg.page_size,
         "owner_policy": cfg.owner_policy,
+        "cp_strategy": cfg.cp_strategy,
         "requests": [
             {
                 "req_index": r.req_index,
@@ -76,7 +77,8 @@ def print_plan(summary: dict) -> None:
 
     C = summary["cp_size"]
     table = Table(
-        title=f"cp_size={C} page_size={summary['page_size']} policy={summary['owner_policy']}",
+        title=f"cp_size={C} page_size={summary['page_size']} policy={summary['owner_policy']} "
+        f"cp_strategy={summary['cp_strategy']}",
         title_justify="left", box=box.SIMPLE_HEAD,
     )  # fmt: skip
     for col in ("req", "prefix", "extend", "phase", "head:tokens"):

@@ -1,5 +1,5 @@
-"""``cpkv simulate``: replay traffic through one CP prefill group under each owner policy and KV storage design
-(``cpkv.sim``)."""
+"""``cpkv simulate``: replay traffic through one CP prefill group under each owner policy, KV storage design and
+CP strategy (``cpkv.sim``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..config import OWNER_POLICIES
+from ..config import CP_STRATEGIES, OWNER_POLICIES, ZIGZAG
 from ..cost.spec import DEFAULT_BACKEND, DEFAULT_GPU, DEFAULT_MODEL, MeasuredSpec
 from ..sim.config import KV_STORAGE_DESIGNS, OWNER_LANE, SimConfig
 from .options import FilePath, InputError, parse_pages_per_lane
@@ -46,6 +46,10 @@ from .options import FilePath, InputError, parse_pages_per_lane
               type=click.Choice([*KV_STORAGE_DESIGNS, "all"]),
               help="KV storage design (SPEC C-STORAGE, docs/storage-models.md); repeatable. Owner policies place "
                    "owner-lane's pages; the other designs run once each with their own placement.")  # fmt: skip
+@click.option("--cp-strategy", "cp_strategies", multiple=True, default=[ZIGZAG], show_default=True,
+              type=click.Choice([*CP_STRATEGIES, "all"]),
+              help="CP strategy (SPEC C-ZIGZAG, C-INTERLEAVE): how a request's new pages go to the ranks that own "
+                   "and compute them; repeatable. Every design and policy runs under each.")  # fmt: skip
 @click.option("--cost-model", type=click.Choice(["measured", "illustrative"]), default="measured", show_default=True,
               help="What prices each step: aiconfigurator's measured operator latencies (the `cost` extra) "
                    "or three illustrative constants (not a GPU's).")  # fmt: skip
@@ -62,8 +66,8 @@ from .options import FilePath, InputError, parse_pages_per_lane
               show_default=True, help="Directory for report.json, summary.csv, lanes.png.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def simulate(**options) -> None:
-    """Replay traffic through one CP prefill group under each owner policy and KV storage design; write a
-    side-by-side report.
+    """Replay traffic through one CP prefill group under each owner policy, KV storage design and CP strategy;
+    write a side-by-side report.
 
     The output directory is created and probed before the replay, the report is rewritten after each
     policy (report.json "status": "incomplete" until the last) and every file is replaced atomically.
@@ -73,7 +77,7 @@ def simulate(**options) -> None:
     Times are H200 milliseconds of DeepSeek-V3.2 on SGLang by default (--cost-model measured, the `cost`
     extra: pip install 'cpkv[cost]'); docs/cost-model.md says what they hold.
     """
-    from ..sim.config import check_designs, check_policies
+    from ..sim.config import check_designs, check_policies, check_strategies
     from ..sim.runner import SimulationInterrupted
     from ..sim.runner import simulate as run_simulation
 
@@ -89,7 +93,8 @@ def simulate(**options) -> None:
     policies = check_policies(list(options["policies"]))
     try:
         result = run_simulation(config, spec, policies, kv_storage=check_designs(list(options[STORAGE_OPTION])),
-                                out_dir=out_dir, progress=not no_progress)  # fmt: skip
+                                cp_strategies=check_strategies(list(options[STRATEGY_OPTION])), out_dir=out_dir,
+                                progress=not no_progress)  # fmt: skip
     except SimulationInterrupted as e:
         raise click.exceptions.Abort(interrupted_line(e, out_dir)) from None  # main prints it on one line
     click.echo(f"wrote {', '.join(str(p) for p in result.paths)}")
@@ -107,6 +112,9 @@ POLICY_OPTION = "policies"
 """The ``--policy`` option (repeatable): which replays to run, not part of the ``SimConfig``."""
 STORAGE_OPTION = "kv_storage"
 """The ``--kv-storage`` option (repeatable): which KV storage designs to replay, not part of the ``SimConfig``."""
+STRATEGY_OPTION = "cp_strategies"
+"""The ``--cp-strategy`` option (repeatable): which CP strategies to replay; ``config_of`` puts the first into
+``SimConfig.cp_strategy`` (a sweep point has one)."""
 
 
 def setting_options() -> dict[str, click.Option]:
@@ -144,12 +152,15 @@ def workload_of(options: dict):
 def config_of(options: dict, spec) -> SimConfig:
     """The ``SimConfig`` of ``options`` (``simulate``'s parameters by name) for the workload ``spec``:
     every option named like a ``SimConfig`` field is passed as given (None: the workload's or the
-    default, ``SimConfig.for_workload``), the cost options make ``measured`` (``measured_spec``).
+    default, ``SimConfig.for_workload``), the cost options make ``measured`` (``measured_spec``), the first
+    ``--cp-strategy`` (``all``: zigzag) makes ``cp_strategy``.
 
     Raises: InputError (a measured-only flag with the illustrative model), ConfigError, CostModelError.
     """
     fields = {f.name for f in dataclasses.fields(SimConfig)}
     settings = {k: v for k, v in options.items() if k in fields}
+    strategies = options.get(STRATEGY_OPTION) or (ZIGZAG,)
+    settings["cp_strategy"] = CP_STRATEGIES[0] if strategies[0] == "all" else strategies[0]
     measured = measured_spec(*(options[k] for k in COST_OPTIONS))
     return SimConfig.for_workload(spec, **settings, measured=measured)
 

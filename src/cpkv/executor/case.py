@@ -1,6 +1,7 @@
 """One run of the reference executor on one rank: a ``DistCase`` in, a ``CaseResult`` out.
 
-A case fixes the pool (page_size, pages_per_lane, one int or one per lane), the owner policy, the model,
+A case fixes the pool (page_size, pages_per_lane, one int or one per lane), the owner policy, the CP
+strategy (C-ZIGZAG or C-INTERLEAVE), the model,
 the KV access (``shared`` view or ``local`` lanes, SPEC C-MERGE), the decode steps and the workload.
 Every rank runs the same case: it builds the KV pools (collectively: the latent pool, and for ``nsa`` the
 index-K pool with the same layout), the replicated scheduler and the executor, runs every forward (and,
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..config import DEFAULT_OWNER_POLICY, CPConfig, check_int, per_lane_ints
+from ..config import DEFAULT_CP_STRATEGY, DEFAULT_OWNER_POLICY, CPConfig, check_int, per_lane_ints
 from ..errors import ConfigError
 from ..layout import SharedKVLayout
 from .decode import run_decode
@@ -43,6 +44,8 @@ class DistCase:
             layout then has ``max(Q_r)`` pages per lane and lane r uses its first Q_r); None sizes the
             pool so every request fits on one lane at once (``workload.total_pages(P) + 1``).
         policy: owner policy, ``balanced`` (default, as ``CPConfig``) / ``rotation`` / ``legacy``.
+        cp_strategy: ``zigzag`` (default, C-ZIGZAG) or ``interleave`` (C-INTERLEAVE): which lane owns and
+            computes each new page; set explicitly (every rank the same), never read from the environment.
         model: ``TinyDecoderConfig`` (default: MLA, 576-wide latent rows, dense attention; ``attention=
             "nsa"`` adds the indexer and its index-K pool).
         kv_storage: ``"shm"`` / ``"mirrored"`` (``shared`` access) or ``"local"``; None: ``local`` under
@@ -62,6 +65,7 @@ class DistCase:
     page_size: int = 64
     pages_per_lane: int | tuple[int, ...] | None = None
     policy: str = DEFAULT_OWNER_POLICY
+    cp_strategy: str = DEFAULT_CP_STRATEGY
     model: TinyDecoderConfig = field(default_factory=TinyDecoderConfig)
     kv_storage: str | None = None
     kv_access: str = "shared"
@@ -125,7 +129,7 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
     t0 = time.perf_counter()
     C, P, rank = group.world_size, case.page_size, group.rank
     caps = group.run("case setup", case.resolved_pages_per_lane, C)
-    config = group.run("case setup", CPConfig, C, P, case.policy)
+    config = group.run("case setup", CPConfig, C, P, case.policy, case.cp_strategy)
     model = group.run("build model", TinyDecoder, case.model, group.device)
     kind = group.run("case setup", case.resolved_storage, group.device, group.single_host)
     local = kind == "local"
@@ -190,7 +194,7 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
         lane_pages_used=_lane_pages_used(written, restored, C, P),
         cache_counters=sched.cache.counters() if sched.cache else {}, wall_s=time.perf_counter() - t0,
         kv_access=case.kv_access, decodes=decodes,
-        pool_rows={name: int(kv.storage.shape[1]) for name, kv in pools.items()},
+        pool_rows={name: int(kv.storage.shape[1]) for name, kv in pools.items()}, cp_strategy=config.cp_strategy,
     )  # fmt: skip
 
 

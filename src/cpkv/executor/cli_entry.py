@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import click
 
 from ..cli.options import parse_pages_per_lane
-from ..config import OWNER_POLICIES, CPConfig, check_int, per_lane_ints
+from ..config import CP_STRATEGIES, OWNER_POLICIES, CPConfig, check_int, per_lane_ints
 from ..errors import ConfigError, LaneExhausted
 from .case import DistCase
 from .forward import KV_ACCESSES
@@ -46,6 +46,9 @@ def run_dist_options(f):
                           "enough for every request on one lane."),
         click.option("--policy", type=click.Choice(list(OWNER_POLICIES)), default=None,
                      help="Owner policy (default: $CPKV_OWNER_POLICY, else balanced)."),
+        click.option("--cp-strategy", type=click.Choice(list(CP_STRATEGIES)), default=None,
+                     help="CP strategy: zigzag (2C contiguous segments, C-ZIGZAG) or interleave (new page k on "
+                          "lane (phase + k) % C, C-INTERLEAVE) (default: $CPKV_CP_STRATEGY, else zigzag)."),
         click.option("--layers", type=int, default=2, show_default=True, help="Decoder layers of the tiny model."),
         click.option("--kv-mode", type=click.Choice(list(KV_MODES)), default="mla", show_default=True,
                      help="mla: one 576-wide latent KV row per token; mha: K and V of every head."),
@@ -82,21 +85,21 @@ def run_dist_options(f):
 
 def build_case(
     cp_size: int, *, page_size: int = DEFAULT_PAGE_SIZE, pages_per_lane: int | Sequence[int] | None = None,
-    policy: str | None = None, layers: int = 2, kv_mode: str = "mla", attention: str = "dense",
-    index_topk: int = 2048, index_heads: int = 64, prefix_lens: Sequence[int] = (),
+    policy: str | None = None, cp_strategy: str | None = None, layers: int = 2, kv_mode: str = "mla",
+    attention: str = "dense", index_topk: int = 2048, index_heads: int = 64, prefix_lens: Sequence[int] = (),
     extend_lens: Sequence[int] = (), chunks: int = 2, reuse: bool = True, seed: int = 0,
     kv_access: str = "shared", decode_steps: int = 0,
 ) -> DistCase:  # fmt: skip
     """The ``DistCase`` the command-line flags describe (empty lengths take the defaults).
 
     Raises:
-        ConfigError / PlanError: a bad size, policy, attention, access, decode steps or length list (names
-            the flag's value).
+        ConfigError / PlanError: a bad size, policy, CP strategy, attention, access, decode steps or length
+            list (names the flag's value).
     """
     prefix_lens, extend_lens = list(prefix_lens), list(extend_lens)
     if not prefix_lens and not extend_lens:
         prefix_lens, extend_lens = list(DEFAULT_PREFIX_LENS), list(DEFAULT_EXTEND_LENS)
-    config = CPConfig(cp_size, page_size, policy)  # validates and resolves the policy here, once
+    config = CPConfig(cp_size, page_size, policy, cp_strategy)  # validates, resolves policy and strategy, once
     if pages_per_lane is not None:
         pages_per_lane = tuple(per_lane_ints("--pages-per-lane", pages_per_lane, cp_size, 1))
     model = TinyDecoderConfig(num_layers=check_int("layers", layers, 1), kv_mode=kv_mode, seed=seed,
@@ -106,7 +109,7 @@ def build_case(
     if kv_access not in KV_ACCESSES:
         raise ConfigError(f"--kv-access {kv_access!r} unknown; use one of {', '.join(KV_ACCESSES)}")
     return DistCase(workload=workload, page_size=config.page_size, pages_per_lane=pages_per_lane,
-                    policy=config.owner_policy, model=model, kv_access=kv_access,
+                    policy=config.owner_policy, cp_strategy=config.cp_strategy, model=model, kv_access=kv_access,
                     decode_steps=check_int("--decode-steps", decode_steps, 0), name="cli")  # fmt: skip
 
 

@@ -83,7 +83,7 @@ class CaseResult:
     """A case's result on one rank.
 
     Attributes:
-        name, rank, cp_size, page_size, policy, kv_storage, attention: what ran.
+        name, rank, cp_size, page_size, policy, kv_storage, attention, cp_strategy: what ran.
         pages_per_lane: ``[C]`` pages of each lane (Q_r; the shared layout has ``max`` of them).
         forwards: ``ForwardRecord`` per forward.
         audits: ``WriteAudit`` per forward, layer and pool (``audit_writes`` only).
@@ -118,6 +118,7 @@ class CaseResult:
     kv_access: str = "shared"
     decodes: list = field(default_factory=list)
     pool_rows: dict = field(default_factory=dict)
+    cp_strategy: str = "zigzag"
 
     @property
     def per_rank_tokens(self) -> list[int]:

@@ -17,7 +17,7 @@ class DistCommandResult:
     """What ``cpkv run-dist`` reports (plain data; ``to_dict`` is its JSON form).
 
     Attributes:
-        cp_size, page_size, policy, kv_mode, kv_row_width, layers, kv_storage, attention: the run.
+        cp_size, page_size, policy, kv_mode, kv_row_width, layers, kv_storage, attention, cp_strategy: the run.
         pages_per_lane: ``[C]`` pages of each lane.
         index_topk, index_heads: ``nsa`` only (None for dense attention).
         max_abs_err: max |CP hidden - reference hidden| over every token of every forward (float32).
@@ -68,6 +68,7 @@ class DistCommandResult:
     decodes: list[dict] = field(default_factory=list)
     tokens_match: bool | None = None
     comm_bytes: dict = field(default_factory=dict)
+    cp_strategy: str = "zigzag"
 
     @property
     def ok(self) -> bool:
@@ -106,6 +107,7 @@ class DistCommandResult:
             cache_counters=result.cache_counters, wall_s=wall_s, kv_access=result.kv_access,
             decode_steps=result.decodes[0].steps if result.decodes else 0, decodes=decodes,
             tokens_match=result.tokens_match, comm_bytes=_sum_comm(steps, result.cp_size),
+            cp_strategy=result.cp_strategy,
         )  # fmt: skip
 
     def to_dict(self) -> dict:
@@ -121,7 +123,7 @@ class DistCommandResult:
         lines = [
             f"cpkv run-dist: cp_size={self.cp_size} page_size={self.page_size} "
             f"pages_per_lane={q[0] if len(set(q)) == 1 else _ints(q)} policy={self.policy} "
-            f"kv={self.kv_mode} (row {self.kv_row_width} floats) layers={self.layers} storage={self.kv_storage} "
+            f"cp_strategy={self.cp_strategy} kv={self.kv_mode} (row {self.kv_row_width} floats) layers={self.layers} storage={self.kv_storage} "
             f"attention={self.attention}"
             + (f" (index_topk={self.index_topk}, index_heads={self.index_heads})" if nsa else "")
             + f" kv_access={self.kv_access}" + (f" decode_steps={self.decode_steps}" if self.decode_steps else ""),

@@ -31,7 +31,7 @@ def fill_out_cache_loc(
     The same integers as ``OwnerLaneAllocator.alloc_extend`` (SPEC section 7): per request, head tokens
     take ``last_loc + 1, ...``, then each new page p gives ``p*P + 0 .. P-1``, the last page only as far
     as ``prefix_len + extend_len``. The kernel reads the plan's run-length form (``plan.token_runs``, at
-    most ``B * (2C + 1)`` runs) and the pages: one host-to-device copy of ``2R + 1 + 4 nb + sum m`` int64
+    most ``B * (2C + 1)`` runs under zigzag, one per head and page under interleave) and the pages: one host-to-device copy of ``2R + 1 + 4 nb + sum m`` int64
     (nb programs of 1,024 tokens).
     Example P=4, one request L0=10, E=8, last_loc 9, pages [5, 2]: [10, 11, 20, 21, 22, 23, 8, 9].
 

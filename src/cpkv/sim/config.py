@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..config import INT64_MAX, OWNER_POLICIES, check_cp_size, check_int, per_lane_ints
+from ..config import CP_STRATEGIES, INT64_MAX, OWNER_POLICIES, ZIGZAG, check_cp_size, check_int, per_lane_ints
 from ..cost.spec import MeasuredSpec
 from ..errors import ConfigError
 from .workload import WorkloadSpec
@@ -57,11 +57,15 @@ class SimConfig:
         cost: the ``CostModel`` (the illustrative constants).
         measured: the measurements that price steps (``cpkv.cost.MeasuredSpec``: GPU, model, engine, EP
             width), or None (the library default) for the illustrative ``cost``; SPEC C-COST.
+        cp_strategy: how each request's new pages go to the ranks that own and compute them (C-INTERLEAVE):
+            ``zigzag`` (default, C-ZIGZAG) or ``interleave`` (new page k on lane ``(phase + k) % C``); every
+            KV storage design computes with it. Never read from ``CPKV_CP_STRATEGY``: a replay is what its
+            config says.
 
     Raises:
         ConfigError: a size below its minimum; ``page_size``, ``host_pages_per_lane``, ``spec_draft_tokens``
             or ``pages_per_lane`` above the int64 range (the budgets and the seed size no array and are not
-            bounded); ``cp_size`` above ``cpkv.limits.MAX_CP_SIZE``.
+            bounded); ``cp_size`` above ``cpkv.limits.MAX_CP_SIZE``; an unknown ``cp_strategy`` (named).
     """
 
     cp_size: int = 8
@@ -79,9 +83,11 @@ class SimConfig:
     seed: int = 0
     cost: CostModel = field(default_factory=CostModel)
     measured: MeasuredSpec | None = None
+    cp_strategy: str = ZIGZAG
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cp_size", check_cp_size(self.cp_size))
+        check_strategies([self.cp_strategy])
         for name, minimum, maximum in (  # sizes of arrays stay in int64; budgets, counts and the seed size none
             ("page_size", 1, INT64_MAX), ("host_pages_per_lane", 0, INT64_MAX), ("spec_draft_tokens", 0, INT64_MAX),
             ("chunk_size", 1, None), ("max_batch_tokens", 1, None), ("max_running", 1, None),
@@ -152,6 +158,19 @@ def check_policies(policies: list[str]) -> list[str]:
         for name in names:
             if name not in OWNER_POLICIES:
                 raise ConfigError(f"policy {name!r} is unknown; use one of {', '.join(OWNER_POLICIES)} or all")
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def check_strategies(names: list[str]) -> list[str]:
+    """Validate CP strategy names for a run (``all`` expands to every strategy, ``cpkv.config.CP_STRATEGIES``),
+    in the order given, each once; ConfigError naming an unknown one (C-INTERLEAVE)."""
+    out: list[str] = []
+    for n in names:
+        for name in CP_STRATEGIES if n == "all" else (n,):
+            if not isinstance(name, str) or name not in CP_STRATEGIES:
+                raise ConfigError(f"cp_strategy {name!r} is unknown; use one of {', '.join(CP_STRATEGIES)} or all")
             if name not in out:
                 out.append(name)
     return out

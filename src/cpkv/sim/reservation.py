@@ -28,7 +28,7 @@ def stuck_alone(
     lane 2 % 2 = 0, whose only usable page it holds -> 0.
     """
     C, P = config.cp_size, config.page_size
-    scratch = OwnerLaneAllocator(CPConfig(C, P, policy), list(config.lane_capacities))
+    scratch = OwnerLaneAllocator(CPConfig(C, P, policy, config.cp_strategy), list(config.lane_capacities))
     pages = scratch.alloc_pages(np.asarray(held_pages, dtype=_I64) % C)
     last = -1
     if prefix_len:

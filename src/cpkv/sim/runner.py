@@ -1,5 +1,5 @@
-"""Run a workload under several owner policies and KV storage designs and write the report (the ``cpkv
-simulate`` job).
+"""Run a workload under several owner policies, KV storage designs and CP strategies and write the report
+(the ``cpkv simulate`` job).
 
 Results are never lost: the output directory is probed before the first replay, the report is rewritten
 after every policy (``status: incomplete`` until the last), a Ctrl-C writes the finished policies as
@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .config import SimConfig
+from ..config import ZIGZAG
+from .config import SimConfig, check_strategies
 from .cost import step_cost
 from .engine import PolicyRun
 from .report import PolicyResult, ReportWriteError, load_plotting, prepare_out_dir, print_table, write_outputs
@@ -50,12 +51,13 @@ def simulate(
     policies: Sequence[str],
     *,
     kv_storage: Sequence[str] = (OWNER_LANE,),
+    cp_strategies: Sequence[str] | None = None,
     out_dir: Path | None = None,
     progress: bool = True,
     table: bool = True,
 ) -> SimulationResult:
-    """Replay ``workload`` once per policy and KV storage design with ``config``; optionally print and write
-    the report.
+    """Replay ``workload`` once per CP strategy, policy and KV storage design with ``config``; optionally print
+    and write the report.
 
     Args:
         config: the group and scheduler. workload: requests (and their description).
@@ -64,6 +66,10 @@ def simulate(
             runs once per policy, every other design once (its placement is its own). Results are named
             by ``runs``: the policy alone when only owner-lane runs (as without designs), else
             ``owner-lane/<policy>`` and the other designs' names.
+        cp_strategies: CP strategies (``zigzag``, ``interleave``; C-INTERLEAVE), each a replay of every design
+            and policy with ``config.cp_strategy`` replaced; None: ``config``'s alone. With more than one,
+            each name above is prefixed ``<strategy>/``. Every result's metrics carry ``cp_strategy`` and
+            the report's config ``cp_strategies`` (in place of the config's one ``cp_strategy``).
         out_dir: directory for ``report.json``, ``config.json``, ``summary.csv``, ``lanes.png``; created
             and probed before the first replay, rewritten after each policy.
         progress: show a progress bar per policy (rich). table: print the side-by-side table.
@@ -72,6 +78,7 @@ def simulate(
         ``SimulationResult``. A livelock is a finding in the report, never an exception.
 
     Raises:
+        ConfigError: an unknown CP strategy (before any replay).
         CostExtraMissing, CostModelError: ``config.measured`` cannot be priced (before any replay).
         ReportWriteError: ``out_dir`` cannot be written (before any replay, ``result`` None), or an output
             file could not be written at the end (after the table was printed; ``result`` holds the run).
@@ -80,18 +87,21 @@ def simulate(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    plan = runs(policies, kv_storage)
-    labels = [label for label, _, _ in plan]
+    strategies = check_strategies(list(cp_strategies)) if cp_strategies is not None else [config.cp_strategy]
+    plan = replays(policies, kv_storage, strategies)
+    labels = [label for label, _, _, _ in plan]
     cost = step_cost(config)  # the measured tables are built once, before anything is written
     report_config = {
-        **config.to_dict(),
+        **{k: v for k, v in config.to_dict().items() if k != "cp_strategy"},
+        "cp_strategies": strategies,
         "cost_provenance": cost.provenance(),
         "workload": workload.name,
         "workload_description": workload.description,
         "workload_stats": workload_stats(workload.requests),
         "policies": list(policies),
-        **({"kv_storage": list(kv_storage), "runs": labels, "kv_traffic": KVTraffic(cost, config.cp_size).provenance()}
-           if labels != list(policies) else {}),  # fmt: skip
+        **({"kv_storage": list(kv_storage), "kv_traffic": KVTraffic(cost, config.cp_size).provenance()}
+           if list(kv_storage) != [OWNER_LANE] else {}),  # fmt: skip
+        **({"runs": labels} if labels != list(policies) else {}),
     }
     if out_dir is not None:
         prepare_out_dir(out_dir)
@@ -99,16 +109,17 @@ def simulate(
     results: list[PolicyResult] = []
     total = len(workload.requests)
     title = (f"cpkv simulate: {workload.description} | C={config.cp_size} P={config.page_size} "
-             f"Q={config.pages_per_lane} | {cost_line(report_config['cost_provenance'])}")  # fmt: skip
+             f"Q={config.pages_per_lane}{strategy_line(strategies)} | {cost_line(report_config['cost_provenance'])}")  # fmt: skip
     try:
         with Progress(
             TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             disable=not progress, transient=False,
         ) as bar:  # fmt: skip
-            for label, design, policy in plan:
+            for label, strategy, design, policy in plan:
                 task = bar.add_task(label, total=total)
-                run = PolicyRun(config, policy, workload.requests, cost, kv_storage=design)
-                result = replace(run.run(on_progress=lambda n, t=task: bar.update(t, completed=n)), policy=label)
+                run = PolicyRun(replace(config, cp_strategy=strategy), policy, workload.requests, cost, kv_storage=design)
+                result = run.run(on_progress=lambda n, t=task: bar.update(t, completed=n))
+                result = replace(result, policy=label, metrics={**result.metrics, "cp_strategy": strategy})
                 bar.update(task, completed=total if not result.metrics["livelock_detected"] else None)
                 results.append(result)
                 if out_dir is not None and len(results) < len(labels):
@@ -144,6 +155,22 @@ def runs(policies: Sequence[str], kv_storage: Sequence[str]) -> list[tuple[str, 
             continue
         out += [(p if alone else f"{OWNER_LANE}/{p}", OWNER_LANE, p) for p in policies]
     return out
+
+
+def replays(policies: Sequence[str], kv_storage: Sequence[str], cp_strategies: Sequence[str]) -> list[tuple[str, str, str, str]]:
+    """``(label, cp_strategy, design, policy)`` of each replay, in order: ``runs(policies, kv_storage)`` under
+    each strategy in turn, the label prefixed ``<strategy>/`` when there is more than one. Example
+    strategies [zigzag, interleave], policies [balanced], designs [owner-lane]: zigzag/balanced,
+    interleave/balanced."""
+    prefix = len(cp_strategies) > 1
+    return [(f"{s}/{label}" if prefix else label, s, design, policy)
+            for s in cp_strategies for label, design, policy in runs(policies, kv_storage)]  # fmt: skip
+
+
+def strategy_line(cp_strategies: Sequence[str]) -> str:
+    """The CP strategies for the table's title: empty for ``zigzag`` alone (the default, as before the
+    strategies), else e.g. `` CP zigzag, interleave``."""
+    return "" if list(cp_strategies) == [ZIGZAG] else f" CP {', '.join(cp_strategies)}"
 
 
 def cost_line(provenance: dict) -> str:

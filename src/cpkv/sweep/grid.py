@@ -20,7 +20,7 @@ import click
 
 from ..cli.options import InputError
 from ..cli.simulate import WORKLOAD_OPTIONS, setting_options, simulate
-from ..config import OWNER_POLICIES
+from ..config import CP_STRATEGIES, OWNER_POLICIES
 from ..sim.config import KV_STORAGE_DESIGNS
 from .columns import TARGET_METRICS
 from .groups import ROUTINGS
@@ -181,9 +181,10 @@ def read_grid(path: Path, max_points: int = MAX_POINTS) -> Grid:
 
 def _values(key: str, raw: object, where: str) -> tuple[list, list]:
     """``(as written, converted)`` values of ``key`` (a TOML scalar is one value); ``policy = "all"`` is
-    every policy and ``kv_storage = "all"`` every design, as for ``--policy`` and ``--kv-storage``."""
+    every policy, ``kv_storage = "all"`` every design and ``cp_strategy = "all"`` every CP strategy, as for
+    ``--policy``, ``--kv-storage`` and ``--cp-strategy``."""
     written = raw if isinstance(raw, list) else [raw]
-    every = {"policy": OWNER_POLICIES, "kv_storage": KV_STORAGE_DESIGNS}
+    every = {"policy": OWNER_POLICIES, "kv_storage": KV_STORAGE_DESIGNS, "cp_strategy": CP_STRATEGIES}
     pairs = []
     for value in written:
         c = convert(key, value, where)
@@ -232,7 +233,7 @@ def convert(key: str, value: object, where: str) -> object:
         converted = option.process_value(ctx, (value,) if option.multiple else value)
     except click.BadParameter as e:
         raise GridError(f"{where}: {e.message}") from None
-    return converted[0] if option.multiple else converted  # --policy, --kv-storage: one value a point
+    return converted[0] if option.multiple else converted  # --policy, --kv-storage, --cp-strategy: one a point
 
 
 def _workload(table: object, base: Path, where: str) -> dict:

@@ -45,6 +45,7 @@ RULES: dict[str, object] = {
     "livelock_detected": _ANY,
     "logits_budget_elements": _SAME,
     "kv_storage": _SAME,
+    "cp_strategy": _SAME,
     "cache_hit_rate": ("ratio", "cache_hit_tokens", "prefill_tokens"),
     "lane_pages_peak": _LANES_MAX,
     "draft_pages_per_lane": _LANES_SUM,

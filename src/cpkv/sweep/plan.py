@@ -17,6 +17,7 @@ from ..cli.simulate import (
     COST_OPTIONS,
     POLICY_OPTION,
     STORAGE_OPTION,
+    STRATEGY_OPTION,
     WORKLOAD_OPTIONS,
     config_of,
     setting_options,
@@ -57,7 +58,8 @@ def config_columns() -> list[str]:
 def resolved(options: dict, config: SimConfig | None) -> dict:
     """A point's settings as the replay used them, by grid key: a ``SimConfig`` field from ``config``
     (``chunk_size`` the workload's when not given), the cost options from ``config.measured``
-    (``ep_size``: the width used), ``policy``, any other option as given. Without ``config`` (it failed),
+    (``ep_size``: the width used), ``policy``, ``kv_storage`` and ``cp_strategy`` (one a point), any other
+    option as given. Without ``config`` (it failed),
     the options as given."""
     fields = {f.name for f in dataclasses.fields(SimConfig)}
     out = {}
@@ -66,7 +68,9 @@ def resolved(options: dict, config: SimConfig | None) -> dict:
         if name in WORKLOAD_OPTIONS:
             continue
         value = options[name]
-        if name in (POLICY_OPTION, STORAGE_OPTION):
+        if name == STRATEGY_OPTION:
+            value = config.cp_strategy if config is not None else value[0]
+        elif name in (POLICY_OPTION, STORAGE_OPTION):
             value = value[0]
             if name == POLICY_OPTION and options[STORAGE_OPTION][0] != OWNER_LANE:
                 value = None  # the other designs place pages their own way: one replay whatever the policy

@@ -2,7 +2,7 @@
 function as ``cpkv simulate``), the key that names its result, and its replay.
 
 The key is the SHA-256 of everything that decides the result: the cpkv version, the digest of the
-workload's requests, the whole ``SimConfig``, the KV storage design and (owner-lane) the policy, the groups
+workload's requests, the whole ``SimConfig`` (its ``cp_strategy`` too), the KV storage design and (owner-lane) the policy, the groups
 and routing, and the cost model's
 provenance (for the measured model: GPU, model, engine, versions and the digest of the sampled tables).
 Two points with one key are one replay.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import click
 import msgspec
 
-from ..cli.simulate import POLICY_OPTION, STORAGE_OPTION, setting_options, simulate
+from ..cli.simulate import POLICY_OPTION, STORAGE_OPTION, STRATEGY_OPTION, setting_options, simulate
 from ..sim.config import SimConfig
 from ..sim.storage import OWNER_LANE
 from .groups import combine, split
@@ -68,7 +68,8 @@ class Shipment:
 def simulate_options(workload: dict, values: dict[str, object]) -> dict:
     """``cpkv simulate``'s parameters by name for one point: every option's default, the grid's
     ``workload`` options, then the point's ``values`` (grid key -> converted value; ``policy`` becomes
-    ``policies = (policy,)``, ``kv_storage`` ``(design,)``; the sweep's own keys are left out)."""
+    ``policies = (policy,)``, ``kv_storage`` ``(design,)``, ``cp_strategy`` ``cp_strategies = (strategy,)``;
+    the sweep's own keys are left out)."""
     ctx = click.Context(simulate)
     options = {p.name: p.get_default(ctx) for p in simulate.params}
     options.update(workload)
@@ -76,7 +77,7 @@ def simulate_options(workload: dict, values: dict[str, object]) -> dict:
     for key, value in values.items():
         if key in table:
             name = table[key].name
-            options[name] = (value,) if name in (POLICY_OPTION, STORAGE_OPTION) else value
+            options[name] = (value,) if name in (POLICY_OPTION, STORAGE_OPTION, STRATEGY_OPTION) else value
     return options
 
 

@@ -2,7 +2,8 @@
 
 A hypothesis state machine interleaves prefill extends, draft steps (``alloc_draft``), rollbacks after
 verification (``release_tail`` with any accepted count), frees of whole requests (a request may finish
-or abort with its draft still pending) and invalid rollbacks, over every owner policy, cp_size 1..6,
+or abort with its draft still pending) and invalid rollbacks, over every owner policy and both CP
+strategies (C-INTERLEAVE), cp_size 1..6,
 page_size 1/2/4/8 and small, sometimes unequal lanes, so lanes run out. A plain model records, per
 request, the slot of every position, its pages in position order and its pending draft. After every step:
 no page is both free and held, free pages per lane match the model, and each request's per-rank KV
@@ -58,15 +59,15 @@ class Req:
 
 
 class DraftMachine(RuleBasedStateMachine):
-    @initialize(C=st.integers(1, 6), P=st.sampled_from([1, 2, 4, 8]),
-                policy=st.sampled_from(oracle.POLICIES), data=st.data())  # fmt: skip
-    def setup(self, C, P, policy, data):
+    @initialize(C=st.integers(1, 6), P=st.sampled_from([1, 2, 4, 8]), policy=st.sampled_from(oracle.POLICIES),
+                strategy=st.sampled_from(oracle.STRATEGIES), data=st.data())  # fmt: skip
+    def setup(self, C, P, policy, strategy, data):
         if data.draw(st.booleans(), label="unequal"):
             caps = data.draw(st.lists(st.integers(1, 7), min_size=C, max_size=C), label="caps")
         else:
             caps = [data.draw(st.integers(2, 7), label="Q")] * C
         self.C, self.P, self.caps = C, P, caps
-        self.alloc = OwnerLaneAllocator(CPConfig(C, P, policy), caps if len(set(caps)) > 1 else caps[0])
+        self.alloc = OwnerLaneAllocator(CPConfig(C, P, policy, strategy), caps if len(set(caps)) > 1 else caps[0])
         self.usable = [q - (r == 0) for r, q in enumerate(caps)]
         self.reqs: dict[int, Req] = {}
         self.next_id = 0

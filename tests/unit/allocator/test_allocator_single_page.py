@@ -4,7 +4,8 @@ Differential: the same allocator state and call go through ``alloc_decode`` / ``
 the single-page path whenever every request needs at most one new page) and through the general path
 (``_alloc_planned``, the extend planner) on a deep copy. Everything must be bit for bit the same:
 ``out_cache_loc``, ``new_pages``, every field of the plan, the allocator state afterwards, and for bad
-input the error's type and message with nothing changed. Random cases cover every owner policy,
+input the error's type and message with nothing changed. Random cases cover every owner policy, both CP
+strategies (C-INTERLEAVE: one new page is on the phase's lane under either),
 cp_size 1..5, page sizes 1..64, lanes of unequal capacity, pages already held, fresh and continued
 requests, and bad ``last_loc`` / lengths.
 """
@@ -35,8 +36,9 @@ def scenarios(draw, decode: bool):
     C = draw(st.integers(1, 5), label="C")
     P = draw(st.sampled_from([1, 2, 3, 4, 8, 64]), label="P")
     policy = draw(st.sampled_from(POLICIES), label="policy")
+    strategy = draw(st.sampled_from(["zigzag", "interleave"]), label="cp_strategy")
     caps = draw(st.lists(st.integers(1, 9), min_size=C, max_size=C), label="caps")
-    alloc = OwnerLaneAllocator(CPConfig(C, P, policy), caps)
+    alloc = OwnerLaneAllocator(CPConfig(C, P, policy, strategy), caps)
     held = []
     for _ in range(draw(st.integers(1, 12), label="held")):
         lanes = np.flatnonzero(alloc.free_pages_per_lane()).tolist()
@@ -140,12 +142,14 @@ def expect_single_page(L0s, Es, P, decode) -> bool:
 @pytest.mark.slow
 @pytest.mark.clause("C-ALLOC")
 @pytest.mark.clause("C-BALANCED")
+@pytest.mark.clause("C-INTERLEAVE")
 @pytest.mark.parametrize("decode", [True, False], ids=["alloc_decode", "alloc_extend"])
 @given(data=st.data())
 @hsettings(max_examples=300, deadline=None)
 def test_single_page_path_equals_general_path(decode, data):
     alloc, L0s, Es, lasts, form = data.draw(scenarios(decode))
     note(f"C={alloc.config.cp_size} P={alloc.config.page_size} policy={alloc.config.owner_policy} "
+         f"cp_strategy={alloc.config.cp_strategy} "
          f"caps={alloc.lane_pages.tolist()} L0={L0s} E={Es} last={lasts} form={form}")  # fmt: skip
     probe = copy.deepcopy(alloc)._alloc_one_page(L0s, None if decode else Es, lasts)
     both = run_both(alloc, L0s, Es, lasts, form, decode)

@@ -2,10 +2,11 @@
 
 A hypothesis state machine drives realistic traffic (new requests, aligned and unaligned continuations
 whose ``last_loc`` is the last slot of their previous allocation, decode steps, frees of finished
-requests, raw ``alloc_pages``, deliberately too-big and invalid calls) over every owner policy,
-cp_size 1..8, page_size 1/4/16 and a few pages per lane, so lanes run out. A plain model (which request
-holds which pages) and the independent oracle (tests/oracle.py) give the expectations; after every step
-the free lists are checked against the model, and every failed call must leave the state byte-identical.
+requests, raw ``alloc_pages``, deliberately too-big and invalid calls) over every owner policy, both CP
+strategies (C-INTERLEAVE), cp_size 1..8, page_size 1/4/16 and a few pages per lane, so lanes run out. A
+plain model (which request holds which pages) and the independent oracle (tests/oracle.py) give the
+expectations; after every step the free lists are checked against the model, and every failed call must
+leave the state byte-identical.
 """
 
 import random
@@ -28,18 +29,18 @@ pytestmark = pytest.mark.unit
 POLICIES = ("rotation", "legacy", "balanced")
 
 
-def expected_batch(L0s, Es, lasts, C, P, policy, free_per_lane):
+def expected_batch(L0s, Es, lasts, C, P, policy, free_per_lane, strategy="zigzag"):
     """Oracle plan of a batch as the allocator must make it: list of per-request oracle plans.
 
     Head owner = lane of ``last_loc``'s page. Under ``balanced`` each request's phase follows C-BALANCED
     (``oracle.balanced_phases``: the earlier requests' pages and transient last pages).
     """
-    phases = oracle.balanced_phases(L0s, Es, C, P, list(free_per_lane)) if policy == "balanced" else None
+    phases = oracle.balanced_phases(L0s, Es, C, P, list(free_per_lane), strategy) if policy == "balanced" else None
     plans = []
     for i, (L0, E, last) in enumerate(zip(L0s, Es, lasts, strict=True)):
         head = (last // P) % C if L0 > 0 else None
         phase = phases[i] if phases else None
-        plans.append(oracle.plan_request(L0, E, C, P, req_index=i, head_owner=head, phase=phase, policy=policy))
+        plans.append(oracle.plan_request(L0, E, C, P, i, head, phase, policy, strategy))
     return plans
 
 
@@ -65,16 +66,17 @@ class AllocatorMachine(RuleBasedStateMachine):
         C=st.integers(1, 8),
         P=st.sampled_from([1, 4, 16]),
         policy=st.sampled_from(POLICIES),
+        strategy=st.sampled_from(("zigzag", "interleave")),
         data=st.data(),
     )
-    def setup(self, C, P, policy, data):
+    def setup(self, C, P, policy, strategy, data):
         if data.draw(st.booleans(), label="unequal"):
             caps = data.draw(st.lists(st.integers(1, 6), min_size=C, max_size=C), label="caps")
         else:
             caps = [data.draw(st.integers(2, 6), label="Q")] * C
-        self.C, self.P, self.policy = C, P, policy
+        self.C, self.P, self.policy, self.strategy = C, P, policy, strategy
         self.caps = caps
-        self.alloc = OwnerLaneAllocator(CPConfig(C, P, policy), caps if len(set(caps)) > 1 else caps[0])
+        self.alloc = OwnerLaneAllocator(CPConfig(C, P, policy, strategy), caps if len(set(caps)) > 1 else caps[0])
         self.usable = [q - (1 if r == 0 else 0) for r, q in enumerate(caps)]
         self.reqs: dict[int, Req] = {}
         self.raw: list[int] = []
@@ -102,7 +104,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         C, P = self.C, self.P
         before = snapshot(self.alloc)
         free_before = self.model_free()
-        plans = expected_batch(L0s, Es, lasts, C, P, self.policy, free_before)
+        plans = expected_batch(L0s, Es, lasts, C, P, self.policy, free_before, self.strategy)
         need = lane_needs(plans, C)
         short = [r for r in range(C) if need[r] > free_before[r]]
         if not decode:  # plan, then commit: plan_extend is the plan alloc_extend will use, and takes nothing

@@ -41,7 +41,7 @@ def test_signatures():
         ("config", "POSITIONAL_OR_KEYWORD", E), ("head_owners", "KEYWORD_ONLY", None),
         ("phases", "KEYWORD_ONLY", None),
     ]  # fmt: skip
-    assert [p[0] for p in _params(cpkv.CPConfig)] == ["cp_size", "page_size", "owner_policy"]
+    assert [p[0] for p in _params(cpkv.CPConfig)] == ["cp_size", "page_size", "owner_policy", "cp_strategy"]  # C-INTERLEAVE
     assert _params(cpkv.OwnerLaneAllocator) == [
         ("config", "POSITIONAL_OR_KEYWORD", E), ("pages_per_lane", "POSITIONAL_OR_KEYWORD", E),
         ("device", "POSITIONAL_OR_KEYWORD", "cpu"), ("kind", "KEYWORD_ONLY", "sharded"),

@@ -20,6 +20,7 @@ TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 SCRIPTS = [
     ("bench_plan_alloc.py", [], "plan+alloc ms"),
+    ("bench_plan_alloc.py", ["--cp-strategy", "compare"], "interleave plan+alloc ms"),
     ("bench_layout.py", [], "fresh copy ms"),
     ("bench_memory.py", [], "allocator B/page"),
     pytest.param(
@@ -31,6 +32,11 @@ SCRIPTS = [
         marks=pytest.mark.skipif(not (COST.installed or COST.required), reason="needs the cost extra"),
     ),
     ("bench_sweep.py", [], "speed-up vs 1"),
+    pytest.param(
+        "bench_interleave_pricing.py", [], "TTFT p99 s",
+        marks=[pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
+               pytest.mark.skipif(not (COST.installed or COST.required), reason="needs the cost extra")],
+    ),
     pytest.param(
         "bench_prefix_cache.py", [], "hit tokens",
         marks=pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),

@@ -10,15 +10,16 @@ from cpkv.executor.__main__ import command as torchrun_main
 pytestmark = pytest.mark.unit
 
 FLAGS = {
-    "plan": ["--batch", "--cp-size", "--extend-len", "--head-owner", "--json", "--page-size", "--policy",
-             "--prefix-len", "--req-index"],
-    "simulate": ["--backend", "--chunk-size", "--colocated-decode", "--cost-model", "--cp-size", "--ep-size", "--gpu",
+    "plan": ["--batch", "--cp-size", "--cp-strategy", "--extend-len", "--head-owner", "--json", "--page-size",
+             "--policy", "--prefix-len", "--req-index"],
+    "simulate": ["--backend", "--chunk-size", "--colocated-decode", "--cost-model", "--cp-size", "--cp-strategy",
+                 "--ep-size", "--gpu",
                  "--host-pages-per-lane", "--kv-storage", "--logits-budget-mb", "--max-batch-tokens", "--max-requests", "--model",
                  "--no-progress", "--out", "--page-size", "--pages-per-lane", "--policy", "--seed", "--spec-accept-rate",
                  "--spec-draft-tokens", "--trace", "--workload"],
     "sweep": ["--executor", "--max-points", "--no-progress", "--out", "--ray-address", "--retry-failed", "--workers",
               "grid_file"],
-    "run-dist": ["--attention", "--chunks", "--cp-size", "--decode-steps", "--extend-len", "--index-heads",
+    "run-dist": ["--attention", "--chunks", "--cp-size", "--cp-strategy", "--decode-steps", "--extend-len", "--index-heads",
                  "--index-topk", "--json", "--kv-access", "--kv-mode", "--layers", "--no-reuse", "--page-size",
                  "--pages-per-lane", "--policy", "--prefix-len", "--reuse", "--seed"],
 }  # fmt: skip

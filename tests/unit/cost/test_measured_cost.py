@@ -20,11 +20,11 @@ from cpkv.planner import plan_batch
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-COST")]
 
 
-def _prefill_reference(cost, prefix_lens, extend_lens, C, P, heads=None):
+def _prefill_reference(cost, prefix_lens, extend_lens, C, P, heads=None, strategy="zigzag"):
     """Per-rank work from docs/cost-model.md's formulas, runs from the per-token oracle (not the planner)."""
     t = cost.tables
     F = float(t.attention(1, 0))
-    batch = oracle.plan_batch(list(prefix_lens), list(extend_lens), C, P, heads)
+    batch = oracle.plan_batch(list(prefix_lens), list(extend_lens), C, P, heads, strategy=strategy)
     n = batch["per_rank_tokens"]
     att = [F * (k > 0) for k in n]  # the module's fixed cost once per rank that computes
     for req, L0 in zip(batch["requests"], prefix_lens, strict=True):
@@ -61,6 +61,25 @@ def test_one_rank_matches_aiconfigurators_own_prefill_prediction(measured):
         for prefix in (0, isl // 2):
             ours = cost.step_work(plan_batch([prefix], [isl - prefix], CPConfig(1, 64, "rotation")))[0]
             assert ours == pytest.approx(ref.predict_prefill_latency(1, isl, prefix), rel=0.10), (isl, prefix)
+
+
+@pytest.mark.clause("C-INTERLEAVE")
+@settings(max_examples=25, deadline=None)
+@given(batches())
+def test_interleave_prices_each_ranks_many_runs_as_they_are(measured, batch):
+    # Under interleave a rank computes about m / C runs of P tokens (zigzag: at most two per request):
+    # each run is priced at its own queries and keys, the module's fixed cost once per rank.
+    C, P, prefix, extend, heads = batch
+    cost = measured(C)
+    config = CPConfig(C, P, "rotation", "interleave")
+    plan = plan_batch(prefix, extend, config, head_owners=[-1 if h is None else h for h in heads])
+    work = cost.step_work(plan)
+    if not sum(extend):
+        assert np.array_equal(work, np.zeros(C))
+        return
+    assert np.allclose(work, _prefill_reference(cost, prefix, extend, C, P, heads, "interleave"), rtol=1e-9)
+    parts = cost.breakdown(plan)
+    assert np.allclose(sum(parts.values()), work, rtol=1e-12)
 
 
 @pytest.mark.clause("C-GATHER")  # the gather-back buffer is C * M rows

@@ -29,10 +29,10 @@ def test_empty_request_plan():
 @settings(max_examples=60, deadline=None)
 @given(
     cp=st.integers(1, 6), page=st.integers(1, 9), prefix=st.integers(0, 300), extend=st.integers(0, 300),
-    req_index=st.integers(0, 7), head=st.integers(0, 5),
+    req_index=st.integers(0, 7), head=st.integers(0, 5), strategy=st.sampled_from(["zigzag", "interleave"]),
 )  # fmt: skip
-def test_request_plan_equals_its_batch_of_one(cp, page, prefix, extend, req_index, head):
-    cfg = CPConfig(cp, page, "rotation")
+def test_request_plan_equals_its_batch_of_one(cp, page, prefix, extend, req_index, head, strategy):
+    cfg = CPConfig(cp, page, "rotation", strategy)
     one = plan_request(prefix, extend, cfg, req_index=req_index, head_owner=head % cp)
     batch = plan_batch([prefix], [extend], cfg, head_owners=[head % cp], phases=[one.phase])
     assert mqa_logits_elements(one).tolist() == mqa_logits_elements(batch).tolist()

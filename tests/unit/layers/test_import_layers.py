@@ -29,6 +29,7 @@ FLOORS = {
     "cpkv.policy": 3,  # the owner-policy rules (pure)
     "cpkv.plan": 3,  # RequestPlan, BatchPlan
     "cpkv.planner": 4,  # plan_request, plan_batch, plan_arrays
+    "cpkv.interleave": 4,  # the interleave split the planner calls (C-INTERLEAVE)
     "cpkv.slots": 5,  # the numpy out_cache_loc reference
     "cpkv.layout": 5,  # SharedKVLayout
     "cpkv.estimator": 5,  # mqa_logits_elements

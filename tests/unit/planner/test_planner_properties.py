@@ -1,7 +1,8 @@
 """Property tests: the production planner and estimator against the independent oracle (tests/oracle.py).
 
 Random requests and batches (cp_size 1..16, page_size 1..256, unaligned prefixes, tiny and empty extends,
-batches up to 32 requests, every owner policy, explicit phases) must give exactly the oracle's phase,
+batches up to 32 requests, every owner policy, both CP strategies, explicit phases) must give exactly the
+oracle's phase,
 owners and counts, and satisfy the SPEC invariants checked here without the oracle (owner == compute,
 zigzag segment sizes, gather-back, batch == per-request plans).
 """
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.unit
 
 SETTINGS = settings(max_examples=150, deadline=None)
 POLICIES = ("rotation", "legacy", "balanced")
+STRATEGIES = ("zigzag", "interleave")  # every property below runs under both (C-INTERLEAVE)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -86,7 +88,10 @@ def single_cases(draw):
     req_index = draw(st.integers(0, 40))
     phase = draw(st.one_of(st.none(), st.integers(0, C - 1)))
     policy = draw(st.sampled_from(POLICIES))
-    return dict(C=C, P=P, L0=L0, E=E, head=head, req_index=req_index, phase=phase, policy=policy)
+    strategy = draw(st.sampled_from(STRATEGIES))
+    return dict(
+        C=C, P=P, L0=L0, E=E, head=head, req_index=req_index, phase=phase, policy=policy, strategy=strategy
+    )
 
 
 @st.composite
@@ -98,31 +103,50 @@ def batch_cases(draw, max_batch: int = 32):
     policy = draw(st.sampled_from(POLICIES))
     # None and -1 both mean "no head owner".
     heads = [(-1 if draw(st.booleans()) else None) if h is None else h for _, _, h in reqs]
+    strategy = draw(st.sampled_from(STRATEGIES))
     return dict(
-        C=C, P=P, L0=[r[0] for r in reqs], E=[r[1] for r in reqs], heads=heads, phases=phases, policy=policy
+        C=C,
+        P=P,
+        L0=[r[0] for r in reqs],
+        E=[r[1] for r in reqs],
+        heads=heads,
+        phases=phases,
+        policy=policy,
+        strategy=strategy,
     )
 
 
+def config(case) -> CPConfig:
+    return CPConfig(case["C"], case["P"], owner_policy=case["policy"], cp_strategy=case["strategy"])
+
+
 def prod_request(case):
-    cfg = CPConfig(case["C"], case["P"], owner_policy=case["policy"])
+    cfg = config(case)
     return plan_request(
         case["L0"], case["E"], cfg, req_index=case["req_index"], head_owner=case["head"], phase=case["phase"]
     )
 
 
 def oracle_request(case):
-    keys = ("L0", "E", "C", "P", "req_index", "head", "phase", "policy")
+    keys = ("L0", "E", "C", "P", "req_index", "head", "phase", "policy", "strategy")
     return oracle.plan_request(*(case[k] for k in keys))
 
 
 def prod_batch(case):
-    cfg = CPConfig(case["C"], case["P"], owner_policy=case["policy"])
+    cfg = config(case)
     return plan_batch(case["L0"], case["E"], cfg, head_owners=case["heads"], phases=case["phases"])
 
 
 def oracle_batch(case):
     return oracle.plan_batch(
-        case["L0"], case["E"], case["C"], case["P"], case["heads"], case["phases"], case["policy"]
+        case["L0"],
+        case["E"],
+        case["C"],
+        case["P"],
+        case["heads"],
+        case["phases"],
+        case["policy"],
+        case["strategy"],
     )
 
 
@@ -168,6 +192,7 @@ def assert_same_request(a, b):
 
 
 @pytest.mark.clause("C-ZIGZAG")
+@pytest.mark.clause("C-INTERLEAVE")
 @SETTINGS
 @given(single_cases())
 def test_request_matches_oracle(case):
@@ -218,6 +243,7 @@ def zigzag_split_exists(page_owners: list[int], phase: int, C: int) -> bool:
 @SETTINGS
 @given(single_cases())
 def test_zigzag_segments_differ_by_at_most_one_page(case):
+    case = dict(case, strategy="zigzag")
     got = prod_request(case)
     assert zigzag_split_exists(got.page_owners.tolist(), got.phase, case["C"])
     # And the oracle's own cut: the first m % 2C segments carry the extra page.
@@ -256,14 +282,22 @@ def test_owner_lane_phase_matches_oracle(cp_page, L0, i):
 @given(single_cases())
 def test_policies_and_explicit_phase(case):
     C, P, L0, E, head, i = case["C"], case["P"], case["L0"], case["E"], case["head"], case["req_index"]
+    S = case["strategy"]  # the phase rule is the same under both strategies (C-INTERLEAVE)
     rotation = oracle.phase(L0, P, i, C, "rotation")
     for policy, want in (("rotation", rotation), ("balanced", rotation), ("legacy", 0)):
-        got = plan_request(L0, E, CPConfig(C, P, owner_policy=policy), req_index=i, head_owner=head)
+        got = plan_request(
+            L0, E, CPConfig(C, P, owner_policy=policy, cp_strategy=S), req_index=i, head_owner=head
+        )
         assert got.phase == want
     explicit = (rotation + 1) % C
     for policy in POLICIES:
         got = plan_request(
-            L0, E, CPConfig(C, P, owner_policy=policy), req_index=i, head_owner=head, phase=explicit
+            L0,
+            E,
+            CPConfig(C, P, owner_policy=policy, cp_strategy=S),
+            req_index=i,
+            head_owner=head,
+            phase=explicit,
         )
         assert got.phase == explicit
 
@@ -338,7 +372,7 @@ def test_batch_matches_oracle(case):
 @given(batch_cases())
 def test_batch_request_i_is_plan_request_at_index_i(case):
     got = prod_batch(case)
-    cfg = CPConfig(case["C"], case["P"], owner_policy=case["policy"])
+    cfg = config(case)
     offset = 0
     for i, (L0, E, head) in enumerate(zip(case["L0"], case["E"], case["heads"], strict=True)):
         phase = None if case["phases"] is None else case["phases"][i]
@@ -351,12 +385,13 @@ def test_batch_request_i_is_plan_request_at_index_i(case):
 
 
 @pytest.mark.clause("C-BS1-COMPATIBILITY")
+@pytest.mark.clause("C-INTERLEAVE")
 @SETTINGS
 @given(single_cases())
 def test_batch_of_one_equals_single_request(case):
     case = dict(case, req_index=0)
     single = prod_request(case)
-    cfg = CPConfig(case["C"], case["P"], owner_policy=case["policy"])
+    cfg = config(case)
     phases = None if case["phase"] is None else [case["phase"]]
     batch = plan_batch([case["L0"]], [case["E"]], cfg, head_owners=[case["head"]], phases=phases)
     assert_same_request(batch.requests[0], single)
@@ -372,7 +407,7 @@ def test_batch_of_one_equals_single_request(case):
 @given(batch_cases(max_batch=8))
 def test_batch_accepts_numpy_and_tensor_inputs(case):
     want = prod_batch(case)
-    cfg = CPConfig(case["C"], case["P"], owner_policy=case["policy"])
+    cfg = config(case)
     heads = [-1 if h is None else h for h in case["heads"]]
     phases = case["phases"]
     for conv in (np.asarray, lambda v: torch.tensor(v, dtype=torch.int64)):
@@ -434,7 +469,8 @@ def test_gather_index_restores_flat_order(case, data):
 @given(batch_cases())
 def test_estimate_matches_oracle_and_bounds_per_segment(case):
     got = mqa_logits_elements(prod_batch(case))
-    args = (case["L0"], case["E"], case["C"], case["P"], case["heads"], case["phases"], case["policy"])
+    keys = ("L0", "E", "C", "P", "heads", "phases", "policy", "strategy")
+    args = tuple(case[k] for k in keys)
     assert_int64(got, (case["C"],))
     assert got.tolist() == oracle.mqa_logits_elements(*args)
     assert (got >= np.asarray(oracle.mqa_logits_elements_per_segment(*args))).all()
@@ -554,7 +590,7 @@ def test_first_bad_request_is_named(case, data):
     bad = data.draw(st.integers(-1000, -1))
     E = list(case["E"])
     E[j] = bad
-    cfg = CPConfig(case["C"], case["P"], owner_policy=case["policy"])
+    cfg = config(case)
     with raises_naming(PlanError, f"request {j}\\b", "extend_len", str(bad)):
         plan_batch(case["L0"], E, cfg, head_owners=case["heads"], phases=case["phases"])
 

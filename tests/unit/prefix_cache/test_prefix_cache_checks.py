@@ -55,7 +55,8 @@ def outcome(fn, *args):
 def cases(draw):
     C, P = draw(st.integers(1, 3)), draw(st.integers(1, 4))
     lanes = [draw(st.integers(2, 6)) for _ in range(C)] if draw(st.booleans()) else draw(st.integers(2, 6))
-    alloc = OwnerLaneAllocator(CPConfig(cp_size=C, page_size=P, owner_policy="rotation"), lanes)
+    strategy = draw(st.sampled_from(["zigzag", "interleave"]))
+    alloc = OwnerLaneAllocator(CPConfig(cp_size=C, page_size=P, owner_policy="rotation", cp_strategy=strategy), lanes)
     for lane in draw(st.lists(st.integers(0, C - 1), max_size=8)):
         if alloc.free_pages_per_lane()[lane]:
             alloc.alloc_pages([lane])

@@ -1,7 +1,8 @@
 """Stateful property test of the prefix cache over the owner-lane allocator (SPEC C-RELOAD).
 
 Requests start (match, optional load-back, lock, allocate), extend, insert, finish or abort, interleaved
-with probes, pins, evictions and load-backs, on small pools with a tiny vocabulary so prefixes collide.
+with probes, pins, evictions and load-backs, on small pools with a tiny vocabulary so prefixes collide,
+under both CP strategies (C-INTERLEAVE: load-back replays the recorded lanes whatever the split).
 The test keeps its own model, independent of the cache's internals:
 - which pages each request holds (the caller's side of the ownership contract);
 - what each device page "contains" (the token prefix whose K/V was written into it): written when a
@@ -63,11 +64,12 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         pages_per_lane=st.integers(3, 12),
         host=st.sampled_from([0, 1, 3, 8]),
         uneven=st.booleans(),
+        strategy=st.sampled_from(["zigzag", "interleave"]),
     )
-    def setup(self, cp_size, page_size, pages_per_lane, host, uneven):
+    def setup(self, cp_size, page_size, pages_per_lane, host, uneven, strategy):
         self.C, self.P = cp_size, page_size
         caps = [pages_per_lane - r for r in range(cp_size)] if uneven else pages_per_lane  # unequal lanes
-        self.alloc = OwnerLaneAllocator(CPConfig(cp_size, page_size, owner_policy="rotation"), caps)
+        self.alloc = OwnerLaneAllocator(CPConfig(cp_size, page_size, "rotation", strategy), caps)
         self.content = {}  # page -> tuple of token ids its K/V encodes (None once freed)
         self.cache = PrefixCache(self.alloc, host_pages_per_lane=host, backup_fn=self.content.get,
                                  restore_fn=self.content.__setitem__)

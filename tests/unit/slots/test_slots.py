@@ -49,7 +49,8 @@ def test_one_page_and_planned_slots_equal_the_oracle(C, P, data):
     got = one_page_slots(L0, E, last + 1, new_rows, new_pages, P)
     assert got.tolist() == want
     heads = np.where((L0 % P != 0) & (E > 0), (last // P) % C, -1)
-    plan = plan_batch(L0, E, CPConfig(C, P, "rotation"), head_owners=heads)
+    strategy = data.draw(st.sampled_from(["zigzag", "interleave"]), label="cp_strategy")  # one page: either
+    plan = plan_batch(L0, E, CPConfig(C, P, "rotation", strategy), head_owners=heads)
     assert extend_slots(plan, last, new_pages).tolist() == want
     if (L0 > 0).all():  # decode: E = 1 for every request
         m1 = -(-(L0 + 1) // P) - -(-L0 // P)

@@ -13,6 +13,7 @@ from cpkv.cli.simulate import (
     POLICY_OPTION,
     REPORT_OPTIONS,
     STORAGE_OPTION,
+    STRATEGY_OPTION,
     WORKLOAD_OPTIONS,
     simulate,
 )
@@ -43,9 +44,11 @@ def test_grid_keys_are_simulates_settings_and_the_sweeps_own():
 def test_every_simulate_option_reaches_the_replay():
     # config_of passes every option named like a SimConfig field; the others must be consumed by name, so
     # an option added to cpkv simulate as a SimConfig field needs no sweep code at all (--policy and
-    # --kv-storage select replays, consumed by name).
+    # --kv-storage select replays, consumed by name; --cp-strategy selects replays and its first is the
+    # SimConfig's cp_strategy).
     fields = {f.name for f in SimConfig.__dataclass_fields__.values()}
-    consumed = set(REPORT_OPTIONS) | set(WORKLOAD_OPTIONS) | set(COST_OPTIONS) | {POLICY_OPTION, STORAGE_OPTION}
+    consumed = set(REPORT_OPTIONS) | set(WORKLOAD_OPTIONS) | set(COST_OPTIONS) | {POLICY_OPTION, STORAGE_OPTION,
+                                                                                  STRATEGY_OPTION}  # fmt: skip
     assert [p.name for p in simulate.params if p.name not in fields | consumed] == []
 
 

@@ -9,7 +9,7 @@ is the interface the engine drives. The designs, one per file:
 - ``vblock.py``: ``interleaved-vblock`` (vLLM DCP): virtual blocks of P * C tokens, one page per rank.
 
 Shared parts: ``allocator.py`` and ``one_pool.py`` (the allocators the scheduler drives when storage is not
-compute), ``compute.py`` (the zigzag compute plan), ``traffic.py`` (what each step moves, priced) and
+compute), ``compute.py`` (the compute plan of the group's CP split), ``traffic.py`` (what each step moves, priced) and
 ``recompute.py`` (``prefill_tokens_recomputed``).
 """
 

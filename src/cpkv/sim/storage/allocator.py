@@ -17,7 +17,7 @@ from ...config import CPConfig
 from ...errors import AllocatorError
 from ...plan import BatchPlan
 from ...validate import as_int_array, check_int
-from .compute import ZigzagCompute
+from .compute import CPCompute
 
 _I64 = np.int64
 
@@ -27,17 +27,18 @@ class StorageAllocator:
 
     Args:
         pool: the design's ``OwnerLaneAllocator`` (its lanes and page size are the design's).
-        compute: the group's ``ZigzagCompute``.
+        compute: the group's ``CPCompute`` (its ``cp_strategy`` split).
         policy: the owner policy the scheduler's rules read from ``config.owner_policy`` (``balanced`` where
             placement follows free pages, so a plan is checked again after each eviction).
 
     Attributes:
-        config: ``CPConfig(lanes, page tokens, policy)`` of the storage (``cp_size`` = its lanes).
+        config: ``CPConfig(lanes, page tokens, policy, the compute's cp_strategy)`` of the storage (``cp_size`` =
+            its lanes).
     """
 
-    def __init__(self, pool: OwnerLaneAllocator, compute: ZigzagCompute, policy: str) -> None:
+    def __init__(self, pool: OwnerLaneAllocator, compute: CPCompute, policy: str) -> None:
         self.pool, self.compute = pool, compute
-        self.config = CPConfig(pool.config.cp_size, pool.config.page_size, policy)
+        self.config = CPConfig(pool.config.cp_size, pool.config.page_size, policy, compute.config.cp_strategy)
         self.num_pages = pool.num_pages
         self.capacity_per_lane = pool.capacity_per_lane
         self.lane_pages = pool.lane_pages

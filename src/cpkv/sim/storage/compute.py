@@ -1,11 +1,12 @@
 """The step's compute plan under a storage design whose pages are not placed by the ranks that compute them
-(SPEC C-STORAGE): compute is the C-ZIGZAG split over the C ranks in every design; only where a page is
-stored differs.
+(SPEC C-STORAGE): compute is the group's CP split over the C ranks in every design (C-ZIGZAG, or
+C-INTERLEAVE under ``cp_strategy = "interleave"``, SGLang's round-robin split); only where a page is stored
+differs.
 
 The scheduler (``sim.admission.StepBuilder``) and the engine read one ``BatchPlan`` per batch: its
 ``page_owners`` / ``page_indptr`` to size the batch against each lane's room, its token runs for the
 MQA-logits budget (C-BUDGET) and the cost model. ``with_storage`` gives them that plan for such a
-design: the zigzag compute plan, with the new pages replaced by the design's own (its lanes, in its own
+design: the compute plan, with the new pages replaced by the design's own (its lanes, in its own
 unit). Under owner-lane the two are one plan (C-OWNER-EQ-COMPUTE), so nothing is replaced there.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...config import ROTATION, CPConfig
+from ...config import ROTATION, ZIGZAG, CPConfig
 from ...plan import BatchPlan
 from ...planner import plan_arrays
 from ...policy import rotation_phase
@@ -24,21 +25,27 @@ from ...validate import lengths
 _I64 = np.int64
 
 
-class ZigzagCompute:
-    """Compute plans of one group: C-ZIGZAG over ``cp_size`` ranks with pages of ``page_size`` tokens.
+class CPCompute:
+    """Compute plans of one group: the ``cp_strategy`` split (C-ZIGZAG or C-INTERLEAVE) over ``cp_size``
+    ranks with pages of ``page_size`` tokens.
 
     A design without owner lanes has no free pages per rank to balance, so each request's phase is the
     C-PHASE rotation rule, ``(prefix_len // P + req_index) % C``; its head tokens (C-HEAD, the rest of a
-    partly filled last prefix page) run on that phase's rank, the one that computes zigzag segment 0.
+    partly filled last prefix page) run on that phase's rank, the one that computes the first new page
+    (zigzag segment 0, or interleave's page 0).
+
+    Raises:
+        ConfigError: bad sizes or an unknown ``cp_strategy`` (``CPConfig``).
     """
 
-    def __init__(self, cp_size: int, page_size: int) -> None:
-        self.config = CPConfig(cp_size, page_size, ROTATION)
+    def __init__(self, cp_size: int, page_size: int, cp_strategy: str = ZIGZAG) -> None:
+        self.config = CPConfig(cp_size, page_size, ROTATION, cp_strategy)
 
     def plan(self, prefix_lens, extend_lens) -> BatchPlan:
         """The compute ``BatchPlan`` of a batch (``prefix_lens``, ``extend_lens``: ``[B]`` tokens).
 
-        Example C=2, P=1, one request L0=0, E=5: token owners ``[0, 0, 1, 1, 0]`` (the zigzag of C-ZIGZAG).
+        Example C=2, P=1, one request L0=0, E=5: token owners ``[0, 0, 1, 1, 0]`` (the zigzag of C-ZIGZAG);
+        ``[0, 1, 0, 1, 0]`` under ``interleave`` (C-INTERLEAVE).
 
         Raises:
             PlanError: negative or mismatched lengths (as ``plan_batch``).

@@ -25,7 +25,7 @@ from ...validate import as_int_array, lengths
 from ..config import SimConfig
 from .allocator import StorageAllocator
 from .base import KVStorage
-from .compute import ZigzagCompute, with_storage
+from .compute import CPCompute, with_storage
 from .traffic import prefix_gather_rows
 
 _I64 = np.int64
@@ -103,8 +103,8 @@ class InterleavedStorage(KVStorage):
     def __init__(self, config: SimConfig, policy: str, cost) -> None:
         super().__init__(config, cost)
         C, P = config.cp_size, config.page_size
-        self.pool = OwnerLaneAllocator(CPConfig(C, P, ROTATION), list(config.lane_capacities))
-        self.alloc = InterleavedAllocator(self.pool, ZigzagCompute(C, P), BALANCED)
+        self.pool = OwnerLaneAllocator(CPConfig(C, P, ROTATION, config.cp_strategy), list(config.lane_capacities))
+        self.alloc = InterleavedAllocator(self.pool, CPCompute(C, P, config.cp_strategy), BALANCED)
         self.cache = PrefixCache(self.pool, host_pages_per_lane=config.host_pages_per_lane)
         self.page_size, self.policy = P, ROTATION
 

@@ -4,7 +4,7 @@ C-POOL's replicated kind).
 With ``Q`` pages of HBM per rank the group holds ``Q`` pages (the smallest rank's ``Q`` when ranks differ:
 every rank holds all of them), C times fewer than owner lanes. Each layer all-gathers the extend's latent
 and index-key rows so every rank writes all of them; nothing else moves (the prefix is on every rank).
-The prefix cache's unit is one page. Compute is the zigzag split over the C ranks.
+The prefix cache's unit is one page. Compute is the group's CP split (``cp_strategy``) over the C ranks.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ...cache import PrefixCache
 from ...config import BALANCED, CPConfig
 from ..config import SimConfig
 from .base import KVStorage
-from .compute import ZigzagCompute
+from .compute import CPCompute
 from .one_pool import OnePoolAllocator
 
 
@@ -32,8 +32,8 @@ class ReplicatedStorage(KVStorage):
     def __init__(self, config: SimConfig, policy: str, cost) -> None:
         super().__init__(config, cost)
         C, P = config.cp_size, config.page_size
-        self.pool = OwnerLaneAllocator(CPConfig(C, P, BALANCED), min(config.lane_capacities), kind="replicated")
-        self.alloc = OnePoolAllocator(self.pool, ZigzagCompute(C, P), BALANCED)
+        self.pool = OwnerLaneAllocator(CPConfig(C, P, BALANCED, config.cp_strategy), min(config.lane_capacities), kind="replicated")
+        self.alloc = OnePoolAllocator(self.pool, CPCompute(C, P, config.cp_strategy), BALANCED)
         self.cache = PrefixCache(self.pool, host_pages_per_lane=config.host_pages_per_lane)
         self.page_size, self.policy = P, BALANCED
 

@@ -18,7 +18,7 @@ from ...cache import PrefixCache
 from ...config import BALANCED, CPConfig
 from ..config import SimConfig
 from .base import KVStorage
-from .compute import ZigzagCompute
+from .compute import CPCompute
 from .one_pool import OnePoolAllocator
 from .traffic import prefix_gather_rows
 
@@ -32,8 +32,8 @@ class VirtualBlockStorage(KVStorage):
         super().__init__(config, cost)
         C, P = config.cp_size, config.page_size
         self.pages_per_unit = C  # pages of P tokens in one block
-        self.pool = OwnerLaneAllocator(CPConfig(1, P * C, BALANCED), min(config.lane_capacities))
-        self.alloc = OnePoolAllocator(self.pool, ZigzagCompute(C, P), BALANCED)
+        self.pool = OwnerLaneAllocator(CPConfig(1, P * C, BALANCED, config.cp_strategy), min(config.lane_capacities))
+        self.alloc = OnePoolAllocator(self.pool, CPCompute(C, P, config.cp_strategy), BALANCED)
         self.cache = PrefixCache(self.pool, host_pages_per_lane=config.host_pages_per_lane)
         self.page_size, self.policy = P * C, BALANCED
 
