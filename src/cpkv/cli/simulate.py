@@ -56,6 +56,9 @@ from .options import FilePath, InputError, parse_pages_per_lane
 @click.option("--ep-size", type=int, default=None,
               help="Measured: MoE expert-parallel GPUs, a divisor of --cp-size [--cp-size]; attention runs one "
                    "rank per GPU (SGLang CP has no attention TP, so there is no --tp-size).")  # fmt: skip
+@click.option("--ttft-slo-ms", type=float, default=None,
+              help="TTFT objective in ms: the report adds slo_attainment, the share of all requests (unfinished "
+                   "ones miss it) whose TTFT is at most this [off].")  # fmt: skip
 @click.option("--max-requests", type=int, default=None, help="Replay only the first N requests.")
 @click.option("--seed", type=int, default=SimConfig.seed, show_default=True, help="Seed of the built-in workloads.")
 @click.option("--out", "out_dir", type=FilePath(), default=Path("out/simulate"),

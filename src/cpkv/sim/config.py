@@ -54,6 +54,8 @@ class SimConfig:
             were (seeded per request from ``seed``); default 0.7.
         livelock_steps: consecutive steps without progress while work is pending that stop a run.
         seed: seed recorded in the report (workload generators take it).
+        ttft_slo_ms: TTFT service-level objective, ms, or None (default): with one, the report's
+            ``slo_attainment`` is the share of all requests whose TTFT is at most it (docs/metrics.md).
         cost: the ``CostModel`` (the illustrative constants).
         measured: the measurements that price steps (``cpkv.cost.MeasuredSpec``: GPU, model, engine, EP
             width), or None (the library default) for the illustrative ``cost``; SPEC C-COST.
@@ -77,6 +79,7 @@ class SimConfig:
     spec_accept_rate: float = 0.7
     livelock_steps: int = 64
     seed: int = 0
+    ttft_slo_ms: float | None = None
     cost: CostModel = field(default_factory=CostModel)
     measured: MeasuredSpec | None = None
 
@@ -93,6 +96,9 @@ class SimConfig:
         object.__setattr__(self, "pages_per_lane", caps[0] if uniform else tuple(caps))
         if not 0 <= self.logits_budget_mb < float("inf"):
             raise ConfigError(f"logits_budget_mb must be a finite number >= 0, got {self.logits_budget_mb!r}")
+        slo = self.ttft_slo_ms
+        if slo is not None and (isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo < float("inf")):
+            raise ConfigError(f"ttft_slo_ms must be a finite number of ms > 0 or None, got {slo!r}")
         rate = self.spec_accept_rate
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
             raise ConfigError(f"spec_accept_rate must be a number in [0, 1], got {rate!r}")
