@@ -50,7 +50,8 @@ from .options import FilePath, InputError, parse_pages_per_lane
               help="What prices each step: aiconfigurator's measured operator latencies (the `cost` extra) "
                    "or three illustrative constants (not a GPU's).")  # fmt: skip
 @click.option("--gpu", default=None, help=f"Measured: aiconfigurator system [{DEFAULT_GPU}].")
-@click.option("--model", default=None, help=f"Measured: DeepSeek sparse-attention model [{DEFAULT_MODEL}].")
+@click.option("--model", default=None, help=f"Measured: DeepSeek sparse-attention model the installed aiconfigurator "
+                                           f"data holds, e.g. zai-org/GLM-5 [{DEFAULT_MODEL}].")  # fmt: skip
 @click.option("--backend", type=click.Choice(["sglang", "vllm", "trtllm"]), default=None,
               help=f"Measured: engine whose kernels were timed [{DEFAULT_BACKEND}].")  # fmt: skip
 @click.option("--ep-size", type=int, default=None,
@@ -83,9 +84,16 @@ def simulate(**options) -> None:
     out_dir, no_progress = options.pop("out_dir"), options.pop("no_progress")
     check_workload_options(options)
     check_out_dir(out_dir)
-    measured_spec(*(options[k] for k in COST_OPTIONS))  # a flag the cost model refuses fails before the trace is read
+    measured = measured_spec(*(options[k] for k in COST_OPTIONS))  # a flag refused fails before the trace is read
+    if measured is not None:
+        from ..cost.coverage import check_covered
+
+        check_covered(measured, options["cp_size"])  # a GPU / engine / model without data: one line naming what has
     spec = workload_of(options)
     config = config_of(options, spec)
+    warning = extrapolation_warning(config, spec.requests)
+    if warning:
+        click.echo(f"cpkv: warning: {warning}", err=True)
     hint = small_page_hint(config.page_size, min(config.lane_capacities))
     if hint:
         click.echo(f"cpkv: note: {hint}", err=True)
@@ -170,6 +178,17 @@ def measured_spec(cost_model: str, gpu, model, backend, ep_size):
         return None
     return MeasuredSpec(gpu=gpu or DEFAULT_GPU, model=model or DEFAULT_MODEL, backend=backend or DEFAULT_BACKEND,
                         ep_size=ep_size)  # fmt: skip
+
+
+def extrapolation_warning(config: SimConfig, requests) -> str | None:
+    """One line naming what ``config`` replaying ``requests`` prices past aiconfigurator's installed
+    measurements (``sim.cost.coverage``; report.json records it in ``cost_provenance.extrapolated``), or None."""
+    from ..sim.cost import coverage
+
+    parts = coverage(config, requests)["extrapolated"]
+    if not parts:
+        return None
+    return f"priced outside the measured tables: {'; '.join(parts)} (report.json: cost_provenance.extrapolated)"
 
 
 SLOW_PAGE_SIZE = 16

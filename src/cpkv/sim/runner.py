@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .config import SimConfig
-from .cost import step_cost
+from .cost import coverage, step_cost
 from .engine import PolicyRun
 from .report import PolicyResult, ReportWriteError, load_plotting, prepare_out_dir, print_table, write_outputs
 from .storage import OWNER_LANE
@@ -82,10 +82,15 @@ def simulate(
 
     plan = runs(policies, kv_storage)
     labels = [label for label, _, _ in plan]
+    shown = table or out_dir is not None  # a run for a reader (a sweep's point replays without either)
+    if shown and config.measured is not None:
+        from ..cost.coverage import check_covered
+
+        check_covered(config.measured, config.cp_size)
     cost = step_cost(config)  # the measured tables are built once, before anything is written
     report_config = {
         **config.to_dict(),
-        "cost_provenance": cost.provenance(),
+        "cost_provenance": {**cost.provenance(), **(coverage(config, workload.requests) if shown else {})},
         "workload": workload.name,
         "workload_description": workload.description,
         "workload_stats": workload_stats(workload.requests),
@@ -124,6 +129,7 @@ def simulate(
     paths, error = _write(out_dir, report_config, results, labels) if out_dir is not None else ((), None)
     if table:
         print_table(results, title)
+        print(f"error band of the times above: {report_config['cost_provenance'].get('error_band')}")
     outcome = SimulationResult(tuple(results), report_config, paths)
     if error is not None:
         note = f"{error.note}; the table above has the results" if table else error.note
@@ -153,7 +159,8 @@ def cost_line(provenance: dict) -> str:
         return "times: illustrative constants (not a GPU's)"
     p = provenance
     return (f"times: measured {p['gpu']} {p['model']} {p['backend']} {p['backend_version']} "
-            f"(aiconfigurator {p['aiconfigurator_version']}, EP {p['ep_size']})")
+            f"(aiconfigurator {p['aiconfigurator_version']}, EP {p['ep_size']})"
+            + (" | EXTRAPOLATED" if p.get("extrapolated") else ""))
 
 
 def _write(out_dir, report_config, results, policies, *, interrupted=False):

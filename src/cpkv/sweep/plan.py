@@ -92,7 +92,8 @@ def plan_sweep(grid: Grid) -> SweepPlan:
             fail every such point: the sweep stops before any, exit 2).
         CpkvError: the workload cannot be read or generated (TraceError, ConfigError: exit 2).
     """
-    from ..sim.cost import step_cost
+    from ..cost.coverage import check_covered
+    from ..sim.cost import coverage, step_cost
 
     plan = SweepPlan([], {}, {}, config_columns())
     specs: dict[tuple, tuple] = {}  # workload identity -> (spec, digest)
@@ -115,11 +116,13 @@ def plan_sweep(grid: Grid) -> SweepPlan:
             config = config_of(options, spec)
             cost_id = (config.measured, config.cp_size, config.cost)
             if cost_id not in provenance_of:
+                if config.measured is not None:
+                    check_covered(config.measured, config.cp_size)
                 cost = step_cost(config)
                 provenance_of[cost_id] = cost.provenance()
                 if config.measured is not None:
                     plan.price_tables[config.measured, config.cp_size] = cost.tables
-            provenance = provenance_of[cost_id]
+            provenance = {**provenance_of[cost_id], **coverage(config, spec.requests)}  # what is extrapolated
         except CostExtraMissing:
             raise
         except CpkvError as e:
