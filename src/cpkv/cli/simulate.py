@@ -23,8 +23,10 @@ from .options import FilePath, InputError, parse_pages_per_lane
               help="Ranks in the CP group (C), at most 4096 (cpkv.limits.MAX_CP_SIZE).")  # fmt: skip
 @click.option("--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P).")
 @click.option("--pages-per-lane", type=str, default=None, callback=parse_pages_per_lane,
-              help=f"Device pages per lane: N, or one per lane as 9,10,10,10 (ranks with unequal free memory) "
-                   f"[{SimConfig.pages_per_lane}; the lane-skew workloads size their own pool, docs/metrics.md].")  # fmt: skip
+              help=f"Device pages per lane: N, or one per lane as 9,10,10,10 (ranks with unequal free memory), or "
+                   f"auto [auto: what one GPU holds under --cost-model measured (aiconfigurator's KV-cache "
+                   f"estimator, docs/cost-model.md), {SimConfig.pages_per_lane} under illustrative; the lane-skew "
+                   f"workloads size their own pool, docs/metrics.md].")  # fmt: skip
 @click.option("--host-pages-per-lane", type=int, default=None,
               help=f"Host-tier pages per lane [{SimConfig.host_pages_per_lane}; tiny-chunks-reload: enough for every "
                    "prompt page].")  # fmt: skip
@@ -91,9 +93,9 @@ def simulate(**options) -> None:
         check_covered(measured, options["cp_size"])  # a GPU / engine / model without data: one line naming what has
     spec = workload_of(options)
     config = config_of(options, spec)
-    warning = extrapolation_warning(config, spec.requests)
-    if warning:
-        click.echo(f"cpkv: warning: {warning}", err=True)
+    for warning in (extrapolation_warning(config, spec.requests), pool_warning(config, options["pages_per_lane"])):
+        if warning:
+            click.echo(f"cpkv: warning: {warning}", err=True)
     hint = small_page_hint(config.page_size, min(config.lane_capacities))
     if hint:
         click.echo(f"cpkv: note: {hint}", err=True)
@@ -178,6 +180,24 @@ def measured_spec(cost_model: str, gpu, model, backend, ep_size):
         return None
     return MeasuredSpec(gpu=gpu or DEFAULT_GPU, model=model or DEFAULT_MODEL, backend=backend or DEFAULT_BACKEND,
                         ep_size=ep_size)  # fmt: skip
+
+
+def pool_warning(config: SimConfig, given) -> str | None:
+    """One line when an explicit ``--pages-per-lane`` (``given``) is larger than what one GPU holds under the
+    measured model (``SimConfig.memory``), naming both sizes, or when the model leaves no pool at all; else
+    None. The run goes on: the pool is then hypothetical."""
+    memory = config.memory()
+    P = config.page_size
+    if memory is not None and memory["pages_per_lane"] < 2:
+        over = -memory["headroom_bytes"] / 1e9
+        return (f"{config.measured.model} does not fit {config.cp_size} x {config.measured.gpu} at EP "
+                f"{config.measured.ep_for(config.cp_size)}: weights and activations leave no KV pool ({over:,.1f} GB "
+                f"short, report.json: config.memory); the pool of {max(config.lane_capacities):,} pages is hypothetical")  # fmt: skip
+    if given is None or memory is None or max(config.lane_capacities) <= memory["pages_per_lane"]:
+        return None
+    return (f"--pages-per-lane {max(config.lane_capacities):,} ({max(config.lane_capacities) * P:,} tokens a GPU) is "
+            f"larger than the {memory['pages_per_lane']:,} pages ({memory['kv_pool_tokens']:,} tokens) of KV one "
+            f"{config.measured.gpu} holds beside the weights (report.json: config.memory); the pool is hypothetical")  # fmt: skip
 
 
 def extrapolation_warning(config: SimConfig, requests) -> str | None:

@@ -87,6 +87,17 @@ def _database(gpu: str, backend: str):
     return version, db
 
 
+def measured_database(gpu: str, backend: str):
+    """``(version, database)``: aiconfigurator's current measurements of ``backend`` on ``gpu`` (kept);
+    CostModelError where it has none."""
+    return _database(gpu, backend)
+
+
+def guarded(what: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, aiconfigurator's errors raised as one ``CostModelError`` naming ``what``."""
+    return _guard(what, fn, *args, **kwargs)
+
+
 class _Engine:
     """One compiled aiconfigurator engine and its operator lists, indexed by cpkv's operator classes."""
 

@@ -91,6 +91,7 @@ def simulate(
     report_config = {
         **config.to_dict(),
         "cost_provenance": {**cost.provenance(), **(coverage(config, workload.requests) if shown else {})},
+        **({"memory": memory_report(config)} if shown and config.measured is not None else {}),
         "workload": workload.name,
         "workload_description": workload.description,
         "workload_stats": workload_stats(workload.requests),
@@ -150,6 +151,14 @@ def runs(policies: Sequence[str], kv_storage: Sequence[str]) -> list[tuple[str, 
             continue
         out += [(p if alone else f"{OWNER_LANE}/{p}", OWNER_LANE, p) for p in policies]
     return out
+
+
+def memory_report(config: SimConfig) -> dict:
+    """``report.json``'s ``config.memory``: one GPU's memory under the measured model (``SimConfig.memory``),
+    ``pages_per_lane`` the pool the GPU holds, and ``pages_per_lane_used`` with ``fits`` for the run's own."""
+    plan = dict(config.memory())
+    used = max(config.lane_capacities)
+    return {**plan, "pages_per_lane_used": used, "fits": used <= plan["pages_per_lane"]}
 
 
 def cost_line(provenance: dict) -> str:

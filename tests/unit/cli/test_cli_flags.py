@@ -15,7 +15,7 @@ FLAGS = {
     "simulate": ["--backend", "--chunk-size", "--colocated-decode", "--cost-model", "--cp-size", "--ep-size", "--gpu",
                  "--host-pages-per-lane", "--kv-storage", "--logits-budget-mb", "--max-batch-tokens", "--max-requests", "--model",
                  "--no-progress", "--out", "--page-size", "--pages-per-lane", "--policy", "--seed", "--spec-accept-rate",
-                 "--spec-draft-tokens", "--trace", "--workload"],
+                 "--spec-draft-tokens", "--trace", "--ttft-slo-ms", "--workload"],
     "sweep": ["--executor", "--no-progress", "--out", "--ray-address", "--retry-failed", "--workers", "grid_file"],
     "run-dist": ["--attention", "--chunks", "--cp-size", "--decode-steps", "--extend-len", "--index-heads",
                  "--index-topk", "--json", "--kv-access", "--kv-mode", "--layers", "--no-reuse", "--page-size",
