@@ -84,8 +84,9 @@ def resolved(options: dict, config: SimConfig | None) -> dict:
     return out
 
 
-def plan_sweep(grid: Grid) -> SweepPlan:
-    """Every point of ``grid`` made ready to replay (see the module docstring).
+def plan_sweep(grid: Grid, points: list[dict] | None = None) -> SweepPlan:
+    """Every point of ``grid`` (or the given ``points``, as ``Grid.points`` makes them: a search's chosen
+    group counts) made ready to replay (see the module docstring).
 
     Raises:
         CostExtraMissing: a point asks for the measured model and aiconfigurator is not installed (it would
@@ -98,7 +99,7 @@ def plan_sweep(grid: Grid) -> SweepPlan:
     plan = SweepPlan([], {}, {}, config_columns())
     specs: dict[tuple, tuple] = {}  # workload identity -> (spec, digest)
     provenance_of: dict[tuple, dict] = {}
-    for index, point in enumerate(grid.points(), 1):
+    for index, point in enumerate(grid.points() if points is None else points, 1):
         values = {k: v for k, (v, _) in point.items()}
         groups, routing = values.get("groups", 1), values.get("routing", ROUTINGS[0])
         options = simulate_options(grid.workload, values)
