@@ -62,7 +62,13 @@ from .options import FilePath, InputError, parse_pages_per_lane
 @click.option("--ttft-slo-ms", type=float, default=None,
               help="TTFT objective in ms: the report adds slo_attainment, the share of all requests (unfinished "
                    "ones miss it) whose TTFT is at most this [off].")  # fmt: skip
-@click.option("--max-requests", type=int, default=None, help="Replay only the first N requests.")
+@click.option("--max-requests", type=int, default=None, help="Replay only the first N requests (of the window).")
+@click.option("--start", type=float, default=None,
+              help="Replay the requests arriving from this many seconds into the workload (shifted to 0) [0].")
+@click.option("--duration", type=float, default=None,
+              help="Replay the requests arriving within this many seconds of --start [to the end].")
+@click.option("--rate-scale", type=float, default=None,
+              help="Compress the arrivals by X (2: twice the traffic, the same requests in half the time) [1].")
 @click.option("--seed", type=int, default=SimConfig.seed, show_default=True, help="Seed of the built-in workloads.")
 @click.option("--out", "out_dir", type=FilePath(), default=Path("out/simulate"),
               show_default=True, help="Directory for report.json, summary.csv, lanes.png.")
@@ -111,9 +117,11 @@ def simulate(**options) -> None:
 # ------------------------------------------------------------ from options to a replay (simulate, sweep)
 REPORT_OPTIONS = ("out_dir", "no_progress")
 """``simulate`` options that say where and how to report, not what to simulate."""
-WORKLOAD_OPTIONS = ("trace", "workload", "max_requests")
+WORKLOAD_OPTIONS = ("trace", "workload", "max_requests", "start", "duration", "rate_scale")
 """``simulate`` options that choose the requests (``workload_of``; ``seed`` and ``page_size`` shape the
 generated ones too)."""
+WINDOW_OPTIONS = ("start", "duration", "rate_scale")
+"""The traffic window (``sim.window.traffic_window``), applied before ``max_requests``."""
 COST_OPTIONS = ("cost_model", "gpu", "model", "backend", "ep_size")
 """``simulate`` options that make ``SimConfig.measured`` (``measured_spec``)."""
 POLICY_OPTION = "policies"
@@ -142,16 +150,26 @@ def check_workload_options(options: dict) -> None:
 
 def workload_of(options: dict):
     """The ``WorkloadSpec`` that ``options`` (``simulate``'s parameters by name) name: the trace, or the
-    built-in workload (default ``synthetic``), its first ``max_requests``.
+    built-in workload (default ``synthetic``), cut to the traffic window (``--start``, ``--duration``,
+    ``--rate-scale``; ``sim.window.traffic_window``), its first ``max_requests``.
 
     Raises: InputError (``check_workload_options``), ConfigError, TraceError (``build_workload``)."""
+    from dataclasses import replace
+
+    from ..sim.window import traffic_window
     from ..sim.workload import build_workload
 
     check_workload_options(options)
     trace = options["trace"]
     name = "trace" if trace is not None else options["workload"] or "synthetic"
-    return build_workload(name, num_requests=options["max_requests"], seed=options["seed"], trace_path=trace,
-                          page_size=options["page_size"])  # fmt: skip
+    window = [options.get(k) for k in WINDOW_OPTIONS]
+    cap = options["max_requests"]
+    spec = build_workload(name, num_requests=None if trace is not None and any(v is not None for v in window) else cap,
+                          seed=options["seed"], trace_path=trace, page_size=options["page_size"])  # fmt: skip
+    spec = traffic_window(spec, *window)
+    if cap is not None and len(spec.requests) > cap:
+        spec = replace(spec, requests=spec.requests[:cap])
+    return spec
 
 
 def config_of(options: dict, spec) -> SimConfig:

@@ -95,6 +95,7 @@ def simulate(
         "workload": workload.name,
         "workload_description": workload.description,
         "workload_stats": workload_stats(workload.requests),
+        **({"workload_window": workload.window} if workload.window else {}),
         "policies": list(policies),
         **({"kv_storage": list(kv_storage), "runs": labels, "kv_traffic": KVTraffic(cost, config.cp_size).provenance()}
            if labels != list(policies) else {}),  # fmt: skip

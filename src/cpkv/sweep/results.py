@@ -38,18 +38,23 @@ def metric_fields(rows: Sequence[dict]) -> tuple[str, ...]:
 
 
 def results_csv(rows: Sequence[dict], config_columns: Sequence[str]) -> str:
-    """``results.csv``: ``point, status, error``, the config columns, every metric, ``key``; lists (lanes)
-    as space-separated numbers, per-lane ``pages_per_lane`` as ``9,10,10,10``, None empty."""
-    fields = (*HEAD_COLUMNS, *config_columns, *metric_fields(rows), "key")
+    """``results.csv``: ``point, status, error``, the config columns, every metric, ``extrapolated`` (what
+    the point prices past the measured tables, ``cost_provenance.extrapolated`` joined by ``; ``; empty when
+    nothing), ``key``; lists (lanes) as space-separated numbers, per-lane ``pages_per_lane`` as
+    ``9,10,10,10``, None empty."""
+    fields = (*HEAD_COLUMNS, *config_columns, *metric_fields(rows), "extrapolated", "key")
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(fields)
     for row in rows:
-        writer.writerow([_cell(k, row.get(k)) for k in fields])
+        extra = {"extrapolated": (row.get("_provenance") or {}).get("extrapolated")}
+        writer.writerow([_cell(k, extra[k] if k in extra else row.get(k)) for k in fields])
     return buf.getvalue()
 
 
 def _cell(key: str, value: object) -> object:
+    if key == "extrapolated":
+        return "; ".join(value or ())
     if value is None:
         return ""
     if isinstance(value, (list, tuple)):

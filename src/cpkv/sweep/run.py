@@ -249,7 +249,7 @@ def _write(out_dir: Path, grid: Grid, plan: SweepPlan, rows: list[dict], records
     header = {
         "status": status, "cpkv_version": CPKV_VERSION, "grid": grid.text, "varied": grid.varied,
         "target": grid.target.text if grid.target else None,
-        "workloads": {d: {"description": s.description, "stats": workload_stats(s.requests)}
+        "workloads": {d: {"description": s.description, "stats": workload_stats(s.requests), "window": s.window}
                       for d, s in plan.workloads.items()},
         "metric_fields": list(metric_fields(rows)),
         **({"search": found} if found is not None else {}),
