@@ -93,6 +93,7 @@ def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | 
         print_summary(designs(rows, grid.varied, grid.target), grid.varied, _title(grid, plan), grid.target)
         for line in search_lines(found or []):
             print(line)
+        print(f"error band of the times above: {error_band(plan)}")
     return outcome
 
 
@@ -185,6 +186,14 @@ class Replayer:
                     run_local(todo, _needed(plan, todo), self.workers, on_result)
             finally:
                 self.failed += failed
+
+
+def error_band(plan: SweepPlan) -> str:
+    """The published error band of the tables that priced ``plan`` (``cost.coverage``): the measured one
+    when any point is measured, else the illustrative model's "no error band"."""
+    from ..cost.coverage import ERROR_BAND, ILLUSTRATIVE_BAND
+
+    return ERROR_BAND if any(p.get("cost_model") == "measured" for p in plan.provenances) else ILLUSTRATIVE_BAND
 
 
 def _needed(plan: SweepPlan, todo: list) -> Shipment:

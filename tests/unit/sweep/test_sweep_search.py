@@ -69,6 +69,7 @@ def test_not_met_within_the_bounds_is_said(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "search: cp_size=2, page_size=16, pages_per_lane=6000, policy=rotation, kv_storage=owner-lane" in out
     assert "the target is not met within groups 1..3 (tried [3])" in out
+    assert "error band of the times above: illustrative constants: no error band" in out
     record = json.loads((tmp_path / "o" / "results.json").read_text())["search"]
     assert [f["fewest_groups"] for f in record if f["design"]["cp_size"] == 4] == [2, 2]
 
