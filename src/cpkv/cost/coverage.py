@@ -35,7 +35,10 @@ def data_root() -> Path:
 
     from .aic import load_aiconfigurator
 
-    found = find_spec("aiconfigurator_core")
+    try:
+        found = find_spec("aiconfigurator_core")
+    except ImportError:  # an import hook that refuses it: as not installed
+        found = None
     if found is None or found.origin is None:
         load_aiconfigurator()  # raises CostExtraMissing naming the extra
     return Path(found.origin).parent / "systems" / "data"
