@@ -30,13 +30,14 @@ class FilePath(click.Path):
 
 def parse_pages_per_lane(ctx, param, value: str | None) -> int | tuple[int, ...] | None:
     """Click callback of ``--pages-per-lane`` (``simulate`` and ``run-dist``): ``"16384"`` -> 16384 (every
-    lane), ``"9,10,10,10"`` -> (9, 10, 10, 10) (one per lane), None stays None; the count and range are the
+    lane), ``"9,10,10,10"`` -> (9, 10, 10, 10) (one per lane), None and ``"auto"`` give None (the default:
+    what the GPU holds under the measured model, ``SimConfig.for_workload``); the count and range are the
     config's to check.
 
     Raises:
         click.BadParameter: a part that is not an integer (exit 2, one line).
     """
-    if value is None:
+    if value is None or value == "auto":
         return None
     try:
         parts = [int(v) for v in value.split(",")]

@@ -23,8 +23,10 @@ from .options import FilePath, InputError, parse_pages_per_lane
               help="Ranks in the CP group (C), at most 4096 (cpkv.limits.MAX_CP_SIZE).")  # fmt: skip
 @click.option("--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P).")
 @click.option("--pages-per-lane", type=str, default=None, callback=parse_pages_per_lane,
-              help=f"Device pages per lane: N, or one per lane as 9,10,10,10 (ranks with unequal free memory) "
-                   f"[{SimConfig.pages_per_lane}; the lane-skew workloads size their own pool, docs/metrics.md].")  # fmt: skip
+              help=f"Device pages per lane: N, or one per lane as 9,10,10,10 (ranks with unequal free memory), or "
+                   f"auto [auto: what one GPU holds under --cost-model measured (aiconfigurator's KV-cache "
+                   f"estimator, docs/cost-model.md), {SimConfig.pages_per_lane} under illustrative; the lane-skew "
+                   f"workloads size their own pool, docs/metrics.md].")  # fmt: skip
 @click.option("--host-pages-per-lane", type=int, default=None,
               help=f"Host-tier pages per lane [{SimConfig.host_pages_per_lane}; tiny-chunks-reload: enough for every "
                    "prompt page].")  # fmt: skip
@@ -54,13 +56,23 @@ from .options import FilePath, InputError, parse_pages_per_lane
               help="What prices each step: aiconfigurator's measured operator latencies (the `cost` extra) "
                    "or three illustrative constants (not a GPU's).")  # fmt: skip
 @click.option("--gpu", default=None, help=f"Measured: aiconfigurator system [{DEFAULT_GPU}].")
-@click.option("--model", default=None, help=f"Measured: DeepSeek sparse-attention model [{DEFAULT_MODEL}].")
+@click.option("--model", default=None, help=f"Measured: DeepSeek sparse-attention model the installed aiconfigurator "
+                                           f"data holds, e.g. zai-org/GLM-5 [{DEFAULT_MODEL}].")  # fmt: skip
 @click.option("--backend", type=click.Choice(["sglang", "vllm", "trtllm"]), default=None,
               help=f"Measured: engine whose kernels were timed [{DEFAULT_BACKEND}].")  # fmt: skip
 @click.option("--ep-size", type=int, default=None,
               help="Measured: MoE expert-parallel GPUs, a divisor of --cp-size [--cp-size]; attention runs one "
                    "rank per GPU (SGLang CP has no attention TP, so there is no --tp-size).")  # fmt: skip
-@click.option("--max-requests", type=int, default=None, help="Replay only the first N requests.")
+@click.option("--ttft-slo-ms", type=float, default=None,
+              help="TTFT objective in ms: the report adds slo_attainment, the share of all requests (unfinished "
+                   "ones miss it) whose TTFT is at most this [off].")  # fmt: skip
+@click.option("--max-requests", type=int, default=None, help="Replay only the first N requests (of the window).")
+@click.option("--start", type=float, default=None,
+              help="Replay the requests arriving from this many seconds into the workload (shifted to 0) [0].")
+@click.option("--duration", type=float, default=None,
+              help="Replay the requests arriving within this many seconds of --start [to the end].")
+@click.option("--rate-scale", type=float, default=None,
+              help="Compress the arrivals by X (2: twice the traffic, the same requests in half the time) [1].")
 @click.option("--seed", type=int, default=SimConfig.seed, show_default=True, help="Seed of the built-in workloads.")
 @click.option("--out", "out_dir", type=FilePath(), default=Path("out/simulate"),
               show_default=True, help="Directory for report.json, summary.csv, lanes.png.")
@@ -84,9 +96,16 @@ def simulate(**options) -> None:
     out_dir, no_progress = options.pop("out_dir"), options.pop("no_progress")
     check_workload_options(options)
     check_out_dir(out_dir)
-    measured_spec(*(options[k] for k in COST_OPTIONS))  # a flag the cost model refuses fails before the trace is read
+    measured = measured_spec(*(options[k] for k in COST_OPTIONS))  # a flag refused fails before the trace is read
+    if measured is not None:
+        from ..cost.coverage import check_covered
+
+        check_covered(measured, options["cp_size"])  # a GPU / engine / model without data: one line naming what has
     spec = workload_of(options)
     config = config_of(options, spec)
+    for warning in (extrapolation_warning(config, spec.requests), pool_warning(config, options["pages_per_lane"])):
+        if warning:
+            click.echo(f"cpkv: warning: {warning}", err=True)
     hint = small_page_hint(config.page_size, min(config.lane_capacities))
     if hint:
         click.echo(f"cpkv: note: {hint}", err=True)
@@ -103,9 +122,11 @@ def simulate(**options) -> None:
 # ------------------------------------------------------------ from options to a replay (simulate, sweep)
 REPORT_OPTIONS = ("out_dir", "no_progress")
 """``simulate`` options that say where and how to report, not what to simulate."""
-WORKLOAD_OPTIONS = ("trace", "workload", "max_requests")
+WORKLOAD_OPTIONS = ("trace", "workload", "max_requests", "start", "duration", "rate_scale")
 """``simulate`` options that choose the requests (``workload_of``; ``seed`` and ``page_size`` shape the
 generated ones too)."""
+WINDOW_OPTIONS = ("start", "duration", "rate_scale")
+"""The traffic window (``sim.window.traffic_window``), applied before ``max_requests``."""
 COST_OPTIONS = ("cost_model", "gpu", "model", "backend", "ep_size")
 """``simulate`` options that make ``SimConfig.measured`` (``measured_spec``)."""
 POLICY_OPTION = "policies"
@@ -137,16 +158,26 @@ def check_workload_options(options: dict) -> None:
 
 def workload_of(options: dict):
     """The ``WorkloadSpec`` that ``options`` (``simulate``'s parameters by name) name: the trace, or the
-    built-in workload (default ``synthetic``), its first ``max_requests``.
+    built-in workload (default ``synthetic``), cut to the traffic window (``--start``, ``--duration``,
+    ``--rate-scale``; ``sim.window.traffic_window``), its first ``max_requests``.
 
     Raises: InputError (``check_workload_options``), ConfigError, TraceError (``build_workload``)."""
+    from dataclasses import replace
+
+    from ..sim.window import traffic_window
     from ..sim.workload import build_workload
 
     check_workload_options(options)
     trace = options["trace"]
     name = "trace" if trace is not None else options["workload"] or "synthetic"
-    return build_workload(name, num_requests=options["max_requests"], seed=options["seed"], trace_path=trace,
-                          page_size=options["page_size"])  # fmt: skip
+    window = [options.get(k) for k in WINDOW_OPTIONS]
+    cap = options["max_requests"]
+    spec = build_workload(name, num_requests=None if trace is not None and any(v is not None for v in window) else cap,
+                          seed=options["seed"], trace_path=trace, page_size=options["page_size"])  # fmt: skip
+    spec = traffic_window(spec, *window)
+    if cap is not None and len(spec.requests) > cap:
+        spec = replace(spec, requests=spec.requests[:cap])
+    return spec
 
 
 def config_of(options: dict, spec) -> SimConfig:
@@ -178,6 +209,35 @@ def measured_spec(cost_model: str, gpu, model, backend, ep_size):
         return None
     return MeasuredSpec(gpu=gpu or DEFAULT_GPU, model=model or DEFAULT_MODEL, backend=backend or DEFAULT_BACKEND,
                         ep_size=ep_size)  # fmt: skip
+
+
+def pool_warning(config: SimConfig, given) -> str | None:
+    """One line when an explicit ``--pages-per-lane`` (``given``) is larger than what one GPU holds under the
+    measured model (``SimConfig.memory``), naming both sizes, or when the model leaves no pool at all; else
+    None. The run goes on: the pool is then hypothetical."""
+    memory = config.memory()
+    P = config.page_size
+    if memory is not None and memory["pages_per_lane"] < 2:
+        over = -memory["headroom_bytes"] / 1e9
+        return (f"{config.measured.model} does not fit {config.cp_size} x {config.measured.gpu} at EP "
+                f"{config.measured.ep_for(config.cp_size)}: weights and activations leave no KV pool ({over:,.1f} GB "
+                f"short, report.json: config.memory); the pool of {max(config.lane_capacities):,} pages is hypothetical")  # fmt: skip
+    if given is None or memory is None or max(config.lane_capacities) <= memory["pages_per_lane"]:
+        return None
+    return (f"--pages-per-lane {max(config.lane_capacities):,} ({max(config.lane_capacities) * P:,} tokens a GPU) is "
+            f"larger than the {memory['pages_per_lane']:,} pages ({memory['kv_pool_tokens']:,} tokens) of KV one "
+            f"{config.measured.gpu} holds beside the weights (report.json: config.memory); the pool is hypothetical")  # fmt: skip
+
+
+def extrapolation_warning(config: SimConfig, requests) -> str | None:
+    """One line naming what ``config`` replaying ``requests`` prices past aiconfigurator's installed
+    measurements (``sim.cost.coverage``; report.json records it in ``cost_provenance.extrapolated``), or None."""
+    from ..sim.cost import coverage
+
+    parts = coverage(config, requests)["extrapolated"]
+    if not parts:
+        return None
+    return f"priced outside the measured tables: {'; '.join(parts)} (report.json: cost_provenance.extrapolated)"
 
 
 SLOW_PAGE_SIZE = 16

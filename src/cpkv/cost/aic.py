@@ -87,6 +87,17 @@ def _database(gpu: str, backend: str):
     return version, db
 
 
+def measured_database(gpu: str, backend: str):
+    """``(version, database)``: aiconfigurator's current measurements of ``backend`` on ``gpu`` (kept);
+    CostModelError where it has none."""
+    return _database(gpu, backend)
+
+
+def guarded(what: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, aiconfigurator's errors raised as one ``CostModelError`` naming ``what``."""
+    return _guard(what, fn, *args, **kwargs)
+
+
 class _Engine:
     """One compiled aiconfigurator engine and its operator lists, indexed by cpkv's operator classes."""
 
@@ -232,6 +243,7 @@ def _one_gpu_tables(spec: MeasuredSpec) -> PriceTables:
         cp_size=1, ep_size=1, moe_tp_size=1, num_layers=int(attention_op["scale_factor"]),
         hidden_size=int(one.op("context", "per_token")["hidden_size"]), index_topk=int(attention_op["index_topk"]),
         kv_row_bytes=(dims["kv_lora_rank"] + dims["qk_rope_head_dim"]) * 2 + dims["index_head_dim"] + 4,
+        kv_gather_row_bytes=(dims["kv_lora_rank"] + dims["qk_rope_head_dim"] + dims["index_head_dim"]) * 2,
         attention=Surface(SIZES, PREFIXES, attention),
         per_token=_curve(lambda n: one.context("per_token", n)),
         group=_curve(lambda n: one.context("group", n)),

@@ -90,12 +90,12 @@ class MeasuredCost:
         return v
 
     def kv_allgather_ms(self, rows_per_rank) -> float:
-        """Per-layer all-gathers of ``rows_per_rank`` KV rows per rank (``tables.kv_row_bytes`` each), summed
-        over the model's layers, ms: what a replicated or interleaved KV pool pays per prefill step
-        (C-STORAGE), and owner lanes do not."""
+        """Per-layer all-gathers of ``rows_per_rank`` KV rows per rank (``tables.kv_gather_row_bytes`` each:
+        latent and index key in bf16, as SGLang gathers them), summed over the model's layers, ms: what a
+        replicated or interleaved KV pool pays per prefill step (C-STORAGE), and owner lanes do not."""
         t = self.tables
-        return t.num_layers * self.comm.allgather_ms(np.asarray(rows_per_rank, dtype=np.float64) * t.kv_row_bytes,
-                                                     self.cp_size)  # fmt: skip
+        rows = np.asarray(rows_per_rank, dtype=np.float64)
+        return t.num_layers * self.comm.allgather_ms(rows * t.kv_gather_row_bytes, self.cp_size)
 
     def _attention(self, plan: BatchPlan) -> np.ndarray:
         """Per rank: the attention module's ms over its runs."""

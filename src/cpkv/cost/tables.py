@@ -21,6 +21,10 @@ class PriceTables:
         num_layers, hidden_size: of the model. index_topk: keys the sparse attention selects per query.
         kv_row_bytes: KV bytes of one token in one layer: latent ``(kv_lora_rank + rope) x 2`` (bf16) plus
             index key ``index_head_dim`` bytes (fp8) and its fp32 scale (1284 for DeepSeek-V3.2; C-STORAGE).
+        kv_gather_row_bytes: bytes of one token's row in one layer of the KV all-gathers of the replicated and
+            interleaved designs, as SGLang moves them: latent ``(kv_lora_rank + rope) x 2`` plus the index key
+            in bf16, ``index_head_dim x 2`` (1408 for DeepSeek-V3.2; aiconfigurator's
+            docs/CONTEXT_PARALLEL_DSA_MODELING.md section 3.4, instrumenting SGLang).
         attention: context DSA module (projections, indexer, top-k, sparse MLA, o_proj) of one run of
             ``s`` queries after ``p`` earlier keys, ``(s, p) -> ms``.
         per_token: a rank's embedding and norms over its ``n`` tokens.
@@ -57,3 +61,4 @@ class PriceTables:
     indexer_ms_per_element: float
     comm: CommCost
     provenance: dict = field(default_factory=dict)
+    kv_gather_row_bytes: int = 1408

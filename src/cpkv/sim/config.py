@@ -54,6 +54,8 @@ class SimConfig:
             were (seeded per request from ``seed``); default 0.7.
         livelock_steps: consecutive steps without progress while work is pending that stop a run.
         seed: seed recorded in the report (workload generators take it).
+        ttft_slo_ms: TTFT service-level objective, ms, or None (default): with one, the report's
+            ``slo_attainment`` is the share of all requests whose TTFT is at most it (docs/metrics.md).
         cost: the ``CostModel`` (the illustrative constants).
         measured: the measurements that price steps (``cpkv.cost.MeasuredSpec``: GPU, model, engine, EP
             width), or None (the library default) for the illustrative ``cost``; SPEC C-COST.
@@ -81,6 +83,7 @@ class SimConfig:
     spec_accept_rate: float = 0.7
     livelock_steps: int = 64
     seed: int = 0
+    ttft_slo_ms: float | None = None
     cost: CostModel = field(default_factory=CostModel)
     measured: MeasuredSpec | None = None
     cp_strategy: str = ZIGZAG
@@ -99,6 +102,9 @@ class SimConfig:
         object.__setattr__(self, "pages_per_lane", caps[0] if uniform else tuple(caps))
         if not 0 <= self.logits_budget_mb < float("inf"):
             raise ConfigError(f"logits_budget_mb must be a finite number >= 0, got {self.logits_budget_mb!r}")
+        slo = self.ttft_slo_ms
+        if slo is not None and (isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo < float("inf")):
+            raise ConfigError(f"ttft_slo_ms must be a finite number of ms > 0 or None, got {slo!r}")
         rate = self.spec_accept_rate
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
             raise ConfigError(f"spec_accept_rate must be a number in [0, 1], got {rate!r}")
@@ -124,8 +130,10 @@ class SimConfig:
         """The config for ``spec``: ``settings`` (SimConfig fields) given as None take the workload's value.
 
         ``chunk_size``: the workload's ``chunk_pages * page_size`` if it has one, else the default 8192.
-        ``max_batch_tokens``: ``max(2 * chunk_size, 16384)``. ``pages_per_lane``: the default 16384, except
-        a workload with ``pool_percent``, whose pool (all lanes) is that percentage of its prompt pages,
+        ``max_batch_tokens``: ``max(2 * chunk_size, 16384)``. ``pages_per_lane``: under the measured cost
+        model (``measured`` given) what one GPU holds (``memory_of``: SGLang's KV pool at the group's layout,
+        aiconfigurator's estimator; where the model leaves no pool, the default, hypothetical); else the
+        default 16384; a workload with ``pool_percent`` (either model) whose pool (all lanes) is that percentage of its prompt pages,
         ``ceil(pages * pool_percent / (100 * C))`` per lane: e.g. tiny-chunks at 125 % (the burst needs
         80 % of the pool; rotation fits it, while a phase-0 planner that piles every page on lane 0 runs
         out of lane 0 long before any request finishes). ``host_pages_per_lane``: 0, except a workload with
@@ -141,13 +149,34 @@ class SimConfig:
         pages = spec.prompt_pages(P) if spec.pool_percent or spec.host_percent else 0
         if "pages_per_lane" not in given and spec.pool_percent:
             given["pages_per_lane"] = max(2, -(-pages * spec.pool_percent // (100 * C)))
+        measured = given.get("measured")
+        if "pages_per_lane" not in given and measured is not None:  # what the GPU holds (cost.memory)
+            held = memory_of(measured, C, P, given.get("chunk_size", cls.chunk_size), given["max_batch_tokens"],
+                             given.get("max_running", cls.max_running))["pages_per_lane"]  # fmt: skip
+            given["pages_per_lane"] = held if held >= 2 else cls.pages_per_lane  # no fit: hypothetical, said
         if "host_pages_per_lane" not in given and spec.host_percent:
             given["host_pages_per_lane"] = -(-pages * spec.host_percent // 100)
         return cls(**given)
 
+    def memory(self) -> dict | None:
+        """The memory of one GPU under ``measured`` (``memory_of``), or None under the illustrative model."""
+        if self.measured is None:
+            return None
+        return memory_of(self.measured, self.cp_size, self.page_size, self.chunk_size, self.max_batch_tokens,
+                         self.max_running)  # fmt: skip
+
     def to_dict(self) -> dict:
         """Plain dict for ``report.json``."""
         return asdict(self)
+
+
+def memory_of(measured: MeasuredSpec, cp_size: int, page_size: int, chunk_size: int, max_batch_tokens: int,
+              max_running: int) -> dict:  # fmt: skip
+    """One GPU's memory and the pool it leaves (``cpkv.cost.memory.memory_plan``; aiconfigurator's KV-cache
+    estimator). Raises CostModelError (the model does not fit), CostExtraMissing."""
+    from ..cost.memory import memory_plan
+
+    return memory_plan(measured, cp_size, chunk_size, max_batch_tokens, max_running, page_size)
 
 
 def check_policies(policies: list[str]) -> list[str]:

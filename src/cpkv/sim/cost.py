@@ -15,7 +15,7 @@ from ..cost.step_cost import causal_pairs_per_rank
 from ..planner import BatchPlan
 from .config import CostModel, SimConfig
 
-__all__ = ["IllustrativeCost", "causal_pairs_per_rank", "step_cost", "step_work"]
+__all__ = ["IllustrativeCost", "causal_pairs_per_rank", "coverage", "step_cost", "step_work"]
 
 
 def step_work(
@@ -67,3 +67,17 @@ def step_cost(config: SimConfig):
     from ..cost.measured import MeasuredCost
 
     return MeasuredCost.load(config.measured, config.cp_size)
+
+
+def coverage(config: SimConfig, requests) -> dict:
+    """The report's ``cost_provenance`` additions for ``config`` replaying ``requests``: ``error_band`` (the
+    published accuracy of the tables behind the times, ``cost.coverage.ERROR_BAND``) and ``extrapolated``
+    (what is priced past the installed measurements, ``cost.coverage.extrapolated``; empty when nothing, and
+    always under the illustrative model)."""
+    from ..cost import coverage as cov
+
+    if config.measured is None:
+        return {"error_band": cov.ILLUSTRATIVE_BAND, "extrapolated": []}
+    longest = max((r.input_length for r in requests), default=0)
+    return {"error_band": cov.ERROR_BAND,
+            "extrapolated": cov.extrapolated(config.measured, config.cp_size, config.chunk_size, longest)}  # fmt: skip

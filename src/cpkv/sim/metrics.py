@@ -54,31 +54,30 @@ lanes plot draws the same steps."""
 
 
 def lane_metrics(used: np.ndarray, pages_per_lane: int | Sequence[int]) -> dict:
-    """SPEC section 11 lane metrics from ``used`` ``[steps, C]`` pages.
+    """SPEC section 11 lane metrics from ``used`` ``[steps, C]`` pages (docs/metrics.md).
 
-    Returns ``lane_pages_peak`` (int ``[C]``: ``max_t used_r``), ``lane_imbalance_peak``
-    (``max_t max_r u / max_t mean_r u``), ``lane_imbalance_mean`` (mean over steps with
-    ``mean_r u >= BUSY_FRACTION`` (a fraction of a full lane) of ``max_r u / mean_r u``; None when no step qualifies:
-    a pool never that full says nothing about balance), where
-    ``u_r = used_r / Q_r`` is lane r's fill. With equal lanes (one int Q) the ratios are exactly SPEC's
-    formulas on pages (dividing every lane by the same Q changes no ratio); with unequal lanes
-    (``pages_per_lane`` a sequence of C ints, e.g. ``[9, 10, 10, 10]``) a pool filled in proportion to
-    each lane's size scores 1.0 instead of penalising the larger lanes. Example used ``[[2, 0], [4, 2]]``,
-    Q=4: peak lanes [4, 2], peak imbalance 4 / 3.
+    Returns ``lane_pages_peak`` (int ``[C]``: ``max_t used_r``), and over the *same* steps, the busy
+    ones (``mean_r u >= BUSY_FRACTION``, a fraction of a full lane), the ratio ``max_r u / mean_r u``'s
+    maximum ``lane_imbalance_peak`` and mean ``lane_imbalance_mean``, so ``peak >= mean`` always; where
+    ``u_r = used_r / Q_r`` is lane r's fill. With no busy step ``lane_imbalance_mean`` is None (a pool
+    never that full says nothing about balance) and ``lane_imbalance_peak`` the maximum over the steps
+    with any page in use (1.0 with none). With equal lanes (one int Q) the ratios are on pages (dividing
+    every lane by the same Q changes no ratio); with unequal lanes (``pages_per_lane`` a sequence of C
+    ints, e.g. ``[9, 10, 10, 10]``) a pool filled in proportion to each lane's size scores 1.0. Example
+    used ``[[2, 0], [4, 2]]``, Q=4: peak lanes [4, 2], ratios 2 and 4 / 3: peak 2, mean 5 / 3.
     """
     caps = np.broadcast_to(np.asarray(pages_per_lane, dtype=np.float64), (used.shape[1],))  # [C]
     if used.shape[0] == 0:
         return {"lane_pages_peak": [0] * used.shape[1], "lane_imbalance_peak": 1.0, "lane_imbalance_mean": None}
     fill = used.astype(np.float64) / caps  # [steps, C]
     mean = fill.mean(axis=1)
-    peak_mean = float(mean.max())
-    imbalance_peak = float(fill.max()) / peak_mean if peak_mean > 0 else 1.0
     busy = mean >= BUSY_FRACTION  # of a full lane
-    imbalance_mean = float((fill[busy].max(axis=1) / mean[busy]).mean()) if busy.any() else None
+    steps = busy if busy.any() else mean > 0
+    ratio = fill[steps].max(axis=1) / mean[steps]  # [steps counted]
     return {
         "lane_pages_peak": used.max(axis=0).astype(np.int64).tolist(),
-        "lane_imbalance_peak": imbalance_peak,
-        "lane_imbalance_mean": imbalance_mean,
+        "lane_imbalance_peak": float(ratio.max()) if ratio.size else 1.0,
+        "lane_imbalance_mean": float(ratio.mean()) if busy.any() else None,
     }
 
 
@@ -104,9 +103,35 @@ def compute_imbalance_mean(work: np.ndarray) -> float:
     return float((work[ok].max(axis=1) / mean[ok]).mean()) if ok.any() else 1.0
 
 
-def percentile_ms(values: list[float], q: float) -> float | None:
-    """The q-th percentile (linear interpolation) of ``values`` in ms, or None when empty."""
-    return float(np.percentile(np.asarray(values), q)) if values else None
+def percentile_ms(values: Sequence[float], q: float, unfinished: int = 0) -> float | None:
+    """The q-th percentile (linear interpolation, numpy's default) of the TTFTs of every request, in ms.
+
+    ``values``: the TTFTs of the requests that got their first token; ``unfinished`` more requests never
+    did and count as later than any of them (infinitely late). None when there is no request, or when the
+    percentile falls on an unfinished request (its interpolation touches one): a percentile is never a
+    finite number that leaves the slowest requests out. Example: 64 finished of 192, p50 and p99 None.
+    """
+    n = len(values) + unfinished
+    if n == 0:
+        return None
+    pos = q / 100 * (n - 1)
+    lo = int(np.floor(pos))
+    hi = lo + (pos > lo)
+    if hi >= len(values):
+        return None
+    if not unfinished:
+        return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    return float(v[lo] + (pos - lo) * (v[hi] - v[lo]))
+
+
+def slo_attainment(values: Sequence[float], total: int, slo_ms: float | None) -> float | None:
+    """The share of all ``total`` requests whose TTFT is at most ``slo_ms`` (``values``: TTFTs of the
+    requests that got their first token, ms; an unfinished request misses it). None without an SLO or
+    without a request."""
+    if slo_ms is None or total == 0:
+        return None
+    return int(np.count_nonzero(np.asarray(values, dtype=np.float64) <= slo_ms)) / total
 
 
 def policy_metrics(run, used: np.ndarray, wall_s: float) -> dict:
@@ -136,8 +161,10 @@ def policy_metrics(run, used: np.ndarray, wall_s: float) -> dict:
         "load_back_owner_lane_capacity_failed": counters["load_back_owner_lane_capacity_failed"],
         "evicted_pages": int(sum(counters["evicted_pages"])) * unit,
         "livelock_detected": run.livelock is not None,
-        "ttft_ms_p50": percentile_ms(run.ttft_ms, 50),
-        "ttft_ms_p99": percentile_ms(run.ttft_ms, 99),
+        "requests_unfinished": len(run.requests) - len(run.ttft_ms),
+        "ttft_ms_p50": percentile_ms(run.ttft_ms, 50, len(run.requests) - len(run.ttft_ms)),
+        "ttft_ms_p99": percentile_ms(run.ttft_ms, 99, len(run.requests) - len(run.ttft_ms)),
+        "slo_attainment": slo_attainment(run.ttft_ms, len(run.requests), run.cfg.ttft_slo_ms),
         "mqa_logits_peak_elements": run.logits_peak,
         "logits_budget_elements": run.cfg.logits_budget_elements,
         "logits_budget_cuts": run.logits_budget_cuts,

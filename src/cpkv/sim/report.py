@@ -22,10 +22,10 @@ import numpy as np
 from ..errors import CpkvError
 
 REPORT_FIELDS = (
-    "requests_total", "requests_finished", "requests_rejected", "prefill_tokens", "cache_hit_tokens",
+    "requests_total", "requests_finished", "requests_rejected", "requests_unfinished", "prefill_tokens", "cache_hit_tokens",
     "lane_pages_peak", "lane_imbalance_peak", "lane_imbalance_mean", "compute_imbalance",
     "compute_imbalance_mean", "owner_lane_exhausted", "load_back_owner_lane_capacity_failed", "evicted_pages",
-    "livelock_detected", "retractions", "ttft_ms_p50", "ttft_ms_p99", "mqa_logits_peak_elements", "logits_budget_elements",
+    "livelock_detected", "retractions", "ttft_ms_p50", "ttft_ms_p99", "slo_attainment", "mqa_logits_peak_elements", "logits_budget_elements",
     "logits_budget_cuts", "sim_wall_s",
 )  # fmt: skip
 """Metrics every policy's entry in ``report.json`` carries (formulas in docs/metrics.md)."""
@@ -254,6 +254,18 @@ def _lane_cells(values: list) -> list[str]:
     return [f"{v:,}".rjust(width) for v in values]
 
 
+UNFINISHED = "unfinished"
+"""The console's cell for a TTFT percentile that falls on a request that never got its first token (null in
+``report.json``, empty in ``summary.csv``)."""
+
+
+def _cell(key: str, metrics: dict, per_line: int) -> str:
+    value = metrics.get(key)
+    if value is None and key.startswith("ttft_ms_p") and metrics.get("requests_unfinished"):
+        return UNFINISHED
+    return format_value(key, value, per_line)
+
+
 def print_table(results: list[PolicyResult], title: str, width: int | None = None) -> None:
     """Print the metrics of every policy side by side (rich table, one column per policy).
 
@@ -283,5 +295,5 @@ def print_table(results: list[PolicyResult], title: str, width: int | None = Non
             groups = [f"{i}-{min(i + per_line, cp_size) - 1}" for i in range(0, cp_size, per_line)]
             lanes = f"lanes {' / '.join(groups[:2])}{' / ...' * (len(groups) > 2)}" if per_line > 1 else "lane 0 first"
             name += f"\n[dim]({lanes})[/dim]"
-        table.add_row(name, *(format_value(key, r.metrics.get(key), per_line) for r in results))
+        table.add_row(name, *(_cell(key, r.metrics, per_line) for r in results))
     console.print(table)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..config import ZIGZAG
 from .config import SimConfig, check_strategies
-from .cost import step_cost
+from .cost import coverage, step_cost
 from .engine import PolicyRun
 from .report import PolicyResult, ReportWriteError, load_plotting, prepare_out_dir, print_table, write_outputs
 from .storage import OWNER_LANE
@@ -90,14 +90,21 @@ def simulate(
     strategies = check_strategies(list(cp_strategies)) if cp_strategies is not None else [config.cp_strategy]
     plan = replays(policies, kv_storage, strategies)
     labels = [label for label, _, _, _ in plan]
+    shown = table or out_dir is not None  # a run for a reader (a sweep's point replays without either)
+    if shown and config.measured is not None:
+        from ..cost.coverage import check_covered
+
+        check_covered(config.measured, config.cp_size)
     cost = step_cost(config)  # the measured tables are built once, before anything is written
     report_config = {
         **{k: v for k, v in config.to_dict().items() if k != "cp_strategy"},
         "cp_strategies": strategies,
-        "cost_provenance": cost.provenance(),
+        "cost_provenance": {**cost.provenance(), **(coverage(config, workload.requests) if shown else {})},
+        **({"memory": memory_report(config)} if shown and config.measured is not None else {}),
         "workload": workload.name,
         "workload_description": workload.description,
         "workload_stats": workload_stats(workload.requests),
+        **({"workload_window": workload.window} if workload.window else {}),
         "policies": list(policies),
         **({"kv_storage": list(kv_storage), "kv_traffic": KVTraffic(cost, config.cp_size).provenance()}
            if list(kv_storage) != [OWNER_LANE] else {}),  # fmt: skip
@@ -135,6 +142,7 @@ def simulate(
     paths, error = _write(out_dir, report_config, results, labels) if out_dir is not None else ((), None)
     if table:
         print_table(results, title)
+        print(f"error band of the times above: {report_config['cost_provenance'].get('error_band')}")
     outcome = SimulationResult(tuple(results), report_config, paths)
     if error is not None:
         note = f"{error.note}; the table above has the results" if table else error.note
@@ -173,6 +181,14 @@ def strategy_line(cp_strategies: Sequence[str]) -> str:
     return "" if list(cp_strategies) == [ZIGZAG] else f" CP {', '.join(cp_strategies)}"
 
 
+def memory_report(config: SimConfig) -> dict:
+    """``report.json``'s ``config.memory``: one GPU's memory under the measured model (``SimConfig.memory``),
+    ``pages_per_lane`` the pool the GPU holds, and ``pages_per_lane_used`` with ``fits`` for the run's own."""
+    plan = dict(config.memory())
+    used = max(config.lane_capacities)
+    return {**plan, "pages_per_lane_used": used, "fits": used <= plan["pages_per_lane"]}
+
+
 def cost_line(provenance: dict) -> str:
     """What priced the run, for the table's title: e.g. ``times: measured h200_sxm deepseek-ai/DeepSeek-V3.2
     sglang 0.5.14 (aiconfigurator 0.12.0, EP 8)`` or ``times: illustrative constants (not a GPU's)``."""
@@ -180,7 +196,8 @@ def cost_line(provenance: dict) -> str:
         return "times: illustrative constants (not a GPU's)"
     p = provenance
     return (f"times: measured {p['gpu']} {p['model']} {p['backend']} {p['backend_version']} "
-            f"(aiconfigurator {p['aiconfigurator_version']}, EP {p['ep_size']})")
+            f"(aiconfigurator {p['aiconfigurator_version']}, EP {p['ep_size']})"
+            + (" | EXTRAPOLATED" if p.get("extrapolated") else ""))
 
 
 def _write(out_dir, report_config, results, policies, *, interrupted=False):

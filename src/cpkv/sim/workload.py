@@ -170,6 +170,8 @@ class WorkloadSpec:
             (``sum ceil(input_length / P)``), int >= 1, or ``None`` for the simulator's default pool.
         host_percent: host-tier pages per lane as a percentage of the prompt pages, or ``None`` (no host
             tier unless asked for).
+        window: the traffic window the requests were cut and scaled to (``sim.window.traffic_window``:
+            ``{"start_s", "duration_s", "rate_scale", "requests_in_window"}``), or ``None`` (as generated or read).
     """
 
     name: str
@@ -178,6 +180,7 @@ class WorkloadSpec:
     description: str
     pool_percent: int | None = None
     host_percent: int | None = None
+    window: dict | None = None
 
     def __post_init__(self) -> None:
         if self.name not in WORKLOAD_NAMES:

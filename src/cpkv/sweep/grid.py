@@ -31,7 +31,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 SWEEP_KEYS = {
-    "groups": "CP groups that share the workload (C x groups GPUs); default 1",
+    "groups": "CP groups that share the workload (C x groups GPUs); default 1; \"search\" or {search = [lo, hi]}: "
+              "the fewest groups that meet the target, by bisection (sweep/search.py)",
     "routing": f"how requests go to the groups: {' | '.join(ROUTINGS)}; default {ROUTINGS[0]}",
 }
 """Grid keys of the sweep itself (not ``cpkv simulate`` settings), with what they mean."""
@@ -39,6 +40,9 @@ SWEEP_KEYS = {
 MAX_POINTS = 100_000
 """Most points a grid may expand to (the product of its lists' lengths, before ``[[exclude]]``) unless
 ``cpkv sweep --max-points`` raises it: counted before any point is built (a point costs a replay)."""
+
+SEARCH_BOUNDS = (1, 64)
+"""The groups ``groups = "search"`` tries, both included (``groups = {search = [lo, hi]}`` names others)."""
 
 TOP_LEVEL = ("target", "workload", "grid", "exclude")
 """The grid file's top-level keys and tables."""
@@ -81,6 +85,8 @@ class Grid:
         given: grid key -> its values as written (for the tables), same order.
         excludes: each ``[[exclude]]`` rule as grid key -> converted values it matches.
         target: the ``Target``, or None.
+        search: ``(lo, hi)`` groups to search for the fewest that meet the target (``groups = "search"``;
+            ``points`` then holds no ``groups``: the search picks them), or None.
     """
 
     path: Path
@@ -90,11 +96,12 @@ class Grid:
     given: dict[str, tuple]
     excludes: tuple[dict[str, tuple], ...]
     target: Target | None
+    search: tuple[int, int] | None = None
 
     @property
     def varied(self) -> list[str]:
-        """Grid keys with more than one value, in file order."""
-        return [k for k, v in self.axes.items() if len(v) > 1]
+        """Grid keys with more than one value, in file order (``groups`` last under a search)."""
+        return [k for k, v in self.axes.items() if len(v) > 1] + ["groups"] * (self.search is not None)
 
     def points(self) -> list[dict[str, tuple[object, object]]]:
         """Every combination of the axes not matched by an ``[[exclude]]`` rule that names only grid keys
@@ -148,6 +155,9 @@ def read_grid(path: Path, max_points: int = MAX_POINTS) -> Grid:
     if not grid:
         raise GridError(f"{where} [grid] is missing or empty: give lists of settings to sweep, e.g. cp_size = [4, 8]")
     axes, given = {}, {}
+    search = _search(grid.pop("groups", None), where) if _is_search(grid.get("groups")) else None
+    if search is not None and doc.get("target") is None:
+        raise GridError(f"{where} groups = \"search\" needs a target: the fewest groups that meet what?")
     for key, raw in grid.items():
         values, converted = _values(key, raw, f"{where} [grid] {key}")
         if not values:
@@ -173,10 +183,27 @@ def read_grid(path: Path, max_points: int = MAX_POINTS) -> Grid:
         if not rule:
             raise GridError(f"{where} [[exclude]] #{n} is empty (it would exclude every point)")
         excludes.append({k: tuple(_values(k, rule[k], f"{where} [[exclude]] #{n} {k}")[1]) for k in rule})
-    parsed = Grid(Path(path), text, workload, axes, given, tuple(excludes), _target(doc.get("target"), where))
+    parsed = Grid(Path(path), text, workload, axes, given, tuple(excludes), _target(doc.get("target"), where), search)
     if not parsed.points():
         raise GridError(f"{where} the [[exclude]] rules exclude every point of the grid")
     return parsed
+
+
+def _is_search(raw: object) -> bool:
+    return raw == "search" or (isinstance(raw, dict) and "search" in raw)
+
+
+def _search(raw: object, where: str) -> tuple[int, int]:
+    """``(lo, hi)`` of ``groups = "search"`` (``SEARCH_BOUNDS``) or ``groups = {search = [lo, hi]}``."""
+    if raw == "search":
+        return SEARCH_BOUNDS
+    bounds = raw.get("search")
+    ok = (len(raw) == 1 and isinstance(bounds, list) and len(bounds) == 2
+          and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds) and 1 <= bounds[0] <= bounds[1])  # fmt: skip
+    if not ok:
+        raise GridError(f"{where} [grid] groups: a search is \"search\" or {{search = [lo, hi]}} with 1 <= lo <= hi, "
+                        f"got {raw!r}")  # fmt: skip
+    return bounds[0], bounds[1]
 
 
 def _values(key: str, raw: object, where: str) -> tuple[list, list]:

@@ -35,7 +35,7 @@ RULES: dict[str, object] = {
         "owner_lane_exhausted", "load_back_owner_lane_capacity_failed", "evicted_pages", "retractions",
         "logits_budget_cuts", "sim_wall_s", "steps", "leaked_pages", "load_back_pages", "host_backups",
         "spec_verify_steps", "draft_pages_allocated", "draft_pages_released", "prefill_tokens_recomputed",
-        "kv_capacity_tokens",
+        "kv_capacity_tokens", "requests_unfinished",
     ), _SUM),
     **dict.fromkeys((
         "lane_imbalance_peak", "lane_imbalance_mean", "compute_imbalance", "compute_imbalance_mean",
@@ -51,6 +51,7 @@ RULES: dict[str, object] = {
     "draft_pages_per_lane": _LANES_SUM,
     "ttft_ms_p50": ("pooled", 50),
     "ttft_ms_p99": ("pooled", 99),
+    "slo_attainment": ("weighted", "requests_total"),
     "spec_accept_length": ("weighted", "spec_verify_steps"),
     "spec_accepted_drafts_per_step": ("weighted", "spec_verify_steps"),
     "rejection_reasons": "counts",
@@ -59,8 +60,9 @@ RULES: dict[str, object] = {
 }  # fmt: skip
 """How each metric of ``cpkv simulate``'s report combines over groups: ``sum``; ``max`` (the worst group;
 None where every group has None); ``any``; ``same`` (one value for all); ``lanes-max`` / ``lanes-sum``
-(per lane, over groups); ``("pooled", q)``: the q-th percentile of every group's finished requests'
-TTFTs; ``("weighted", n)``: the mean weighted by metric ``n``; ``counts``: dicts of counts added;
+(per lane, over groups); ``("pooled", q)``: the q-th percentile of every group's requests' TTFTs, the
+unfinished ones (``requests_unfinished``) counted as later than all (``sim.metrics.percentile_ms``: None
+when it falls on one); ``("weighted", n)``: the mean weighted by metric ``n``; ``counts``: dicts of counts added;
 ``merged``: the dicts merged (request ids are the trace's, unique); ``per-group``: ``{group: value}`` of
 the groups where it is not None; ``("ratio", a, b)``: ``sum a / (sum a + sum b)`` over the groups (the
 hit rate: cache-hit tokens over hit + computed). A metric without a rule fails the point (``combine``)."""
@@ -108,14 +110,15 @@ def combine(metrics: Sequence[dict], ttft_ms: Sequence[np.ndarray]) -> dict:
     if missing:
         raise ValueError(f"no rule combines metric {missing[0]!r} over groups (cpkv.sweep.groups.RULES)")
     pooled = np.concatenate([np.asarray(t, dtype=np.float64) for t in ttft_ms])
+    unfinished = sum(m.get("requests_unfinished") or 0 for m in metrics)
     out: dict = {}
     for key in keys:
         values = [m.get(key) for m in metrics]
-        out[key] = _combine(RULES[key], values, metrics, pooled)
+        out[key] = _combine(RULES[key], values, metrics, pooled, unfinished)
     return out
 
 
-def _combine(rule, values: list, metrics: Sequence[dict], pooled: np.ndarray):
+def _combine(rule, values: list, metrics: Sequence[dict], pooled: np.ndarray, unfinished: int = 0):
     present = [v for v in values if v is not None]
     if rule == _SUM:
         return sum(present)
@@ -147,7 +150,9 @@ def _combine(rule, values: list, metrics: Sequence[dict], pooled: np.ndarray):
         return {str(g): v for g, v in enumerate(values) if v is not None} or None
     kind, arg = rule
     if kind == "pooled":
-        return percentile_ms(pooled.tolist(), arg)
+        return percentile_ms(pooled.tolist(), arg, unfinished)
+    if all(v is None for v in values):
+        return None
     weights = [m.get(arg) or 0 for m in metrics]
     total_w = sum(weights)
     return sum(w * (v or 0.0) for w, v in zip(weights, values, strict=True)) / total_w if total_w else values[0]

@@ -88,8 +88,9 @@ def resolved(options: dict, config: SimConfig | None) -> dict:
     return out
 
 
-def plan_sweep(grid: Grid) -> SweepPlan:
-    """Every point of ``grid`` made ready to replay (see the module docstring).
+def plan_sweep(grid: Grid, points: list[dict] | None = None) -> SweepPlan:
+    """Every point of ``grid`` (or the given ``points``, as ``Grid.points`` makes them: a search's chosen
+    group counts) made ready to replay (see the module docstring).
 
     Raises:
         GridError: more groups than the workload has requests; ``[[exclude]]`` rules that exclude every point.
@@ -97,13 +98,14 @@ def plan_sweep(grid: Grid) -> SweepPlan:
             fail every such point: the sweep stops before any, exit 2).
         CpkvError: the workload cannot be read or generated (TraceError, ConfigError: exit 2).
     """
-    from ..sim.cost import step_cost
+    from ..cost.coverage import check_covered
+    from ..sim.cost import coverage, step_cost
 
     plan = SweepPlan([], {}, {}, config_columns())
     specs: dict[tuple, tuple] = {}  # workload identity -> (spec, digest)
     provenance_of: dict[tuple, dict] = {}
     index, kept = 0, set()  # points kept, the workloads they read
-    for point in grid.points():
+    for point in grid.points() if points is None else points:
         values = {k: v for k, (v, _) in point.items()}
         groups, routing = values.get("groups", 1), values.get("routing", ROUTINGS[0])
         options = simulate_options(grid.workload, values)
@@ -137,11 +139,13 @@ def plan_sweep(grid: Grid) -> SweepPlan:
             if config is not None:
                 cost_id = (config.measured, config.cp_size, config.cost)
                 if cost_id not in provenance_of:
+                    if config.measured is not None:
+                        check_covered(config.measured, config.cp_size)
                     cost = step_cost(config)
                     provenance_of[cost_id] = cost.provenance()
                     if config.measured is not None:
                         plan.price_tables[config.measured, config.cp_size] = cost.tables
-                provenance = provenance_of[cost_id]
+                provenance = {**provenance_of[cost_id], **coverage(config, spec.requests)}  # what is extrapolated
         except CostExtraMissing:
             raise
         except CpkvError as e:

@@ -32,7 +32,8 @@ def _png(fig) -> bytes:
 
 def pareto_png(rows: Sequence[dict], varied: Sequence[str], target, title: str) -> bytes:
     """GPUs (``cp_size x groups``, log 2) against TTFT p99 (s, log): one colour per design, its points
-    joined in order of GPUs (a cross: it left requests unserved), the Pareto front as a black step line
+    joined in order of GPUs (a cross: it left requests unserved; ringed: priced past the measured tables,
+    ``cost_provenance.extrapolated``), the Pareto front as a black step line
     with each front point's design written beside it, the target's TTFT bound as a dashed red line."""
     plt = load_matplotlib()
     fig, ax = plt.subplots(figsize=(11, 6.5), layout="constrained")
@@ -48,8 +49,12 @@ def pareto_png(rows: Sequence[dict], varied: Sequence[str], target, title: str) 
         ax.plot(xs, ys, "-", color=color, alpha=0.45, lw=1)
         for r, x, y in zip(members, xs, ys, strict=True):
             ax.plot(x, y, "o" if meets(r, None) else "x", color=color, ms=6)
+            if (r.get("_provenance") or {}).get("extrapolated"):  # priced past the measured tables
+                ax.plot(x, y, "o", mfc="none", mec="black", ms=11, mew=0.8)
         ax.plot([], [], "o-", color=color, label=_label(design))
     ax.plot([], [], "x", color="grey", label="x: left requests unserved (rejected or livelock)")
+    if any((r.get("_provenance") or {}).get("extrapolated") for rs in by.values() for r in rs):
+        ax.plot([], [], "o", mfc="none", mec="black", ms=11, label="ringed: priced past the measured tables")
     front = pareto_front(rows)
     if front:
         fx, fy = [r["gpus"] for r in front], [r["ttft_ms_p99"] / 1000 for r in front]

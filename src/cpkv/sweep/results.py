@@ -38,18 +38,23 @@ def metric_fields(rows: Sequence[dict]) -> tuple[str, ...]:
 
 
 def results_csv(rows: Sequence[dict], config_columns: Sequence[str]) -> str:
-    """``results.csv``: ``point, status, error``, the config columns, every metric, ``key``; lists (lanes)
-    as space-separated numbers, per-lane ``pages_per_lane`` as ``9,10,10,10``, None empty."""
-    fields = (*HEAD_COLUMNS, *config_columns, *metric_fields(rows), "key")
+    """``results.csv``: ``point, status, error``, the config columns, every metric, ``extrapolated`` (what
+    the point prices past the measured tables, ``cost_provenance.extrapolated`` joined by ``; ``; empty when
+    nothing), ``key``; lists (lanes) as space-separated numbers, per-lane ``pages_per_lane`` as
+    ``9,10,10,10``, None empty."""
+    fields = (*HEAD_COLUMNS, *config_columns, *metric_fields(rows), "extrapolated", "key")
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(fields)
     for row in rows:
-        writer.writerow([_cell(k, row.get(k)) for k in fields])
+        extra = {"extrapolated": (row.get("_provenance") or {}).get("extrapolated")}
+        writer.writerow([_cell(k, extra[k] if k in extra else row.get(k)) for k in fields])
     return buf.getvalue()
 
 
 def _cell(key: str, value: object) -> object:
+    if key == "extrapolated":
+        return "; ".join(value or ())
     if value is None:
         return ""
     if isinstance(value, (list, tuple)):
@@ -93,14 +98,20 @@ def designs(rows: Sequence[dict], varied: Sequence[str], target) -> list[dict]:
         by.setdefault(design_of(row, varied), []).append(row)
     out = []
     for design, members in by.items():
-        ran = [r for r in members if r["status"] == "ok" and r.get("ttft_ms_p99") is not None]
-        fit = sorted((r for r in ran if meets(r, target)), key=lambda r: (r["gpus"], r["ttft_ms_p99"]))
-        best = fit[0] if fit else min(ran, key=lambda r: r["ttft_ms_p99"], default=None)
+        ran = [r for r in members if r["status"] == "ok"]
+        fit = sorted((r for r in ran if meets(r, target)), key=lambda r: (r["gpus"], _p99(r)))
+        best = fit[0] if fit else min(ran, key=_p99, default=None)
         out.append({**dict(design), "fits": bool(fit), "row": best, "failed": len(members) - len(ran)})
     inf = float("inf")
     out.sort(key=lambda d: (not d["fits"], d["row"]["gpus"] if d["fits"] else inf,
-                            d["row"]["ttft_ms_p99"] if d["row"] else inf))  # fmt: skip
+                            _p99(d["row"]) if d["row"] else inf))  # fmt: skip
     return out
+
+
+def _p99(row: dict) -> float:
+    """A row's TTFT p99 for ordering: infinite where it falls on an unfinished request (None)."""
+    p99 = row.get("ttft_ms_p99")
+    return float("inf") if p99 is None else p99
 
 
 SUMMARY_METRICS = ("groups", "gpus", "requests_finished", "requests_total", "ttft_ms_p50", "ttft_ms_p99",

@@ -21,6 +21,7 @@ from .grid import Grid
 from .plan import SweepPlan, plan_sweep
 from .point import CPKV_VERSION, Shipment
 from .results import designs, metric_fields, print_summary, results_csv, results_json, summary_csv
+from .search import search_groups, search_lines
 
 OUTPUT_FILES = ("results.csv", "results.json", "summary.csv", "pareto.png", "hit_rate.png")
 POINTS_DIR = "points"
@@ -70,42 +71,102 @@ def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | 
         SweepInterrupted: Ctrl-C or ``SweepTerminated`` (SIGTERM; ``.terminated``); the finished points are
             stored and the results of those written.
     """
-    from rich import progress as rp
-
     from ..sim.report import load_plotting
 
     t0 = time.perf_counter()
-    plan = plan_sweep(grid)
+    plan = plan_sweep(grid) if grid.search is None else None  # a bad point fails before anything is written
     prepare_out_dir(out_dir)
     points_dir = out_dir / POINTS_DIR
     prepare_out_dir(points_dir)
-    records: dict[str, dict] = {}
-    for key in plan.tasks:
-        record = _load(points_dir / f"{key}.json", key)
-        if record is not None and (record["status"] == "ok" or not retry_failed):
-            records[key] = record
-    stored = len(records)
-    todo = [t for k, t in plan.tasks.items() if k not in records]
-    # Longest first, so the workers finish together: a point of more groups replays more steps (each group's
-    # replay its own). Stable: grid order otherwise. The results do not depend on the order.
-    todo.sort(key=lambda t: -t.groups)
     load_plotting()  # before any replay: a Ctrl-C inside a first import would leave it half-imported
-    columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
-               rp.TextColumn("[red]{task.fields[failed]} failed"), rp.TextColumn("ETA"), rp.TimeRemainingColumn(),
-               rp.TextColumn("elapsed"), rp.TimeElapsedColumn())  # fmt: skip
-    done = [r for r in plan.rows if r["status"] == "failed" or r["key"] in records]
-    failed = sum(1 for r in done if r["status"] == "failed" or records[r["key"]]["status"] != "ok")
-    per_key: dict[str, int] = {}  # rows per key (points of one config replay once)
-    first_row: dict[str, dict] = {}
-    for r in plan.rows:
-        if r["key"] is not None:
-            per_key[r["key"]] = per_key.get(r["key"], 0) + 1
-            first_row.setdefault(r["key"], r)
-    lost: dict[str, dict] = {}
-    status, terminated = "complete", False
+    replay = Replayer(points_dir, executor, workers, ray_address, progress, retry_failed)
+    found, terminated = None, False
     try:
-        with rp.Progress(*columns, disable=not progress, transient=False) as bar:
-            job = bar.add_task(f"cpkv sweep ({executor})", total=len(plan.rows), completed=len(done), failed=failed)
+        if plan is None:
+            plan, found = search_groups(grid, replay)
+        else:
+            replay(plan)
+    except KeyboardInterrupt as e:
+        replay.status, terminated = "interrupted", isinstance(e, SweepTerminated)
+        plan = plan or replay.merged(grid)
+    rows = _fill(plan, replay.records, replay.lost)
+    paths = _write(out_dir, grid, plan, rows, [replay.records.get(r["key"]) for r in rows], replay.status, found)
+    outcome = SweepOutcome(rows, replay.replayed, replay.stored, replay.failed, paths, time.perf_counter() - t0)
+    if replay.status == "interrupted":
+        finished = sum(1 for r in rows if r["status"] in ("ok", "failed"))
+        raise SweepInterrupted(f"interrupted after {finished} of {len(rows)} points; wrote {out_dir}/results.csv "
+                               "(finished points only): run the same command again to replay the rest",
+                               terminated)  # fmt: skip
+    if table:
+        print_summary(designs(rows, grid.varied, grid.target), grid.varied, _title(grid, plan), grid.target)
+        for line in search_lines(found or []):
+            print(line)
+        print(f"error band of the times above: {error_band(plan)}")
+    return outcome
+
+
+class Replayer:
+    """Replays plans into ``points_dir`` (a sweep calls it once; a search once a round), keeping every
+    point's record: ``records`` and ``lost`` by key, the counts ``replayed``, ``stored`` (found under
+    ``points/``), ``failed``, ``status`` (``complete`` or ``interrupted``) and the ``plans`` replayed."""
+
+    def __init__(self, points_dir: Path, executor: str, workers, ray_address, progress: bool, retry_failed: bool):
+        self.points_dir, self.executor, self.workers, self.ray_address = points_dir, executor, workers, ray_address
+        self.progress, self.retry_failed = progress, retry_failed
+        self.records: dict[str, dict] = {}
+        self.lost: dict[str, dict] = {}
+        self.replayed = self.stored = self.failed = 0
+        self.status = "complete"
+        self.plans: list[SweepPlan] = []
+
+    def merged(self, grid: Grid) -> SweepPlan:
+        """One plan of every point replayed so far, renumbered in order (a search's rounds)."""
+        from .plan import SweepPlan as Plan
+
+        out = Plan([], {}, {}, self.plans[0].config_columns if self.plans else [])
+        seen: set = set()
+        for plan in self.plans:
+            for row in plan.rows:
+                ident = (row["key"], tuple(sorted(row["_settings"].items(), key=str)))
+                if ident in seen:
+                    continue
+                seen.add(ident)
+                out.rows.append({**row, "point": len(out.rows) + 1})
+            out.tasks.update(plan.tasks)
+            out.workloads.update(plan.workloads)
+            out.price_tables.update(plan.price_tables)
+            out.provenances += [p for p in plan.provenances if p not in out.provenances]
+        return out
+
+    def __call__(self, plan: SweepPlan) -> None:
+        """Replay the points of ``plan`` not stored yet; KeyboardInterrupt after storing the finished ones."""
+        from rich import progress as rp
+
+        self.plans.append(plan)
+        records, points_dir = self.records, self.points_dir
+        fresh = [k for k in plan.tasks if k not in records]
+        for key in fresh:
+            record = _load(points_dir / f"{key}.json", key)
+            if record is not None and (record["status"] == "ok" or not self.retry_failed):
+                records[key] = record
+                self.stored += 1
+        todo = [t for k, t in plan.tasks.items() if k not in records]
+        # Longest first, so the workers finish together: a point of more groups replays more steps (each group's
+        # replay its own). Stable: grid order otherwise. The results do not depend on the order.
+        todo.sort(key=lambda t: -t.groups)
+        columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
+                   rp.TextColumn("[red]{task.fields[failed]} failed"), rp.TextColumn("ETA"), rp.TimeRemainingColumn(),
+                   rp.TextColumn("elapsed"), rp.TimeElapsedColumn())  # fmt: skip
+        done = [r for r in plan.rows if r["status"] == "failed" or r["key"] in records]
+        failed = sum(1 for r in done if r["status"] == "failed" or records[r["key"]]["status"] != "ok")
+        per_key: dict[str, int] = {}  # rows per key (points of one config replay once)
+        first_row: dict[str, dict] = {}
+        for r in plan.rows:
+            if r["key"] is not None:
+                per_key[r["key"]] = per_key.get(r["key"], 0) + 1
+                first_row.setdefault(r["key"], r)
+        with rp.Progress(*columns, disable=not self.progress, transient=False) as bar:
+            job = bar.add_task(f"cpkv sweep ({self.executor})", total=len(plan.rows), completed=len(done), failed=failed)
 
             def on_result(task, result) -> None:
                 nonlocal failed
@@ -113,7 +174,7 @@ def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | 
                     result = {**result, "status": "lost", "error": f"the worker runs cpkv {result['cpkv_version']}, "
                               f"this driver {CPKV_VERSION}"}  # fmt: skip
                 if result["status"] == "lost":
-                    lost[task.key] = result
+                    self.lost[task.key] = result
                 else:
                     record = _record(task, result, first_row[task.key])
                     path = points_dir / f"{task.key}.json"
@@ -122,26 +183,25 @@ def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | 
                     except OSError as e:  # the points stored so far stay; the executor stops the workers
                         raise ReportWriteError(path, e.strerror or str(e)) from None
                     records[task.key] = record
+                    self.replayed += 1
                 failed += per_key[task.key] * (result["status"] != "ok")
                 bar.update(job, advance=per_key[task.key], failed=failed)
 
-            if executor == "ray":
-                run_ray(todo, _needed(plan, todo), workers, ray_address, on_result)
-            else:
-                run_local(todo, _needed(plan, todo), workers, on_result)
-    except KeyboardInterrupt as e:
-        status, terminated = "interrupted", isinstance(e, SweepTerminated)
-    rows = _fill(plan, records, lost)
-    paths = _write(out_dir, grid, plan, rows, [records.get(r["key"]) for r in rows], status)
-    outcome = SweepOutcome(rows, len(records) - stored, stored, failed, paths, time.perf_counter() - t0)
-    if status == "interrupted":
-        finished = sum(1 for r in rows if r["status"] in ("ok", "failed"))
-        raise SweepInterrupted(f"interrupted after {finished} of {len(rows)} points; wrote {out_dir}/results.csv "
-                               "(finished points only): run the same command again to replay the rest",
-                               terminated)  # fmt: skip
-    if table:
-        print_summary(designs(rows, grid.varied, grid.target), grid.varied, _title(grid, plan), grid.target)
-    return outcome
+            try:
+                if self.executor == "ray":
+                    run_ray(todo, _needed(plan, todo), self.workers, self.ray_address, on_result)
+                else:
+                    run_local(todo, _needed(plan, todo), self.workers, on_result)
+            finally:
+                self.failed += failed
+
+
+def error_band(plan: SweepPlan) -> str:
+    """The published error band of the tables that priced ``plan`` (``cost.coverage``): the measured one
+    when any point is measured, else the illustrative model's "no error band"."""
+    from ..cost.coverage import ERROR_BAND, ILLUSTRATIVE_BAND
+
+    return ERROR_BAND if any(p.get("cost_model") == "measured" for p in plan.provenances) else ILLUSTRATIVE_BAND
 
 
 def _needed(plan: SweepPlan, todo: list) -> Shipment:
@@ -207,7 +267,8 @@ def _title(grid: Grid, plan: SweepPlan) -> str:
     return f"cpkv sweep {grid.path.name}: {workloads}, {len(plan.rows)} points | {cost}"
 
 
-def _write(out_dir: Path, grid: Grid, plan: SweepPlan, rows: list[dict], records: list, status: str) -> tuple:
+def _write(out_dir: Path, grid: Grid, plan: SweepPlan, rows: list[dict], records: list, status: str,
+           found: list[dict] | None = None) -> tuple:  # fmt: skip
     from ..sim.workload import workload_stats
     from .plots import hit_rate_png, pareto_png
 
@@ -215,9 +276,10 @@ def _write(out_dir: Path, grid: Grid, plan: SweepPlan, rows: list[dict], records
     header = {
         "status": status, "cpkv_version": CPKV_VERSION, "grid": grid.text, "varied": grid.varied,
         "target": grid.target.text if grid.target else None,
-        "workloads": {d: {"description": s.description, "stats": workload_stats(s.requests)}
+        "workloads": {d: {"description": s.description, "stats": workload_stats(s.requests), "window": s.window}
                       for d, s in plan.workloads.items()},
         "metric_fields": list(metric_fields(rows)),
+        **({"search": found} if found is not None else {}),
     }  # fmt: skip
     payloads = {
         "results.csv": lambda: results_csv(rows, plan.config_columns).encode(),

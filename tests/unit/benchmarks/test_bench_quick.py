@@ -31,6 +31,10 @@ SCRIPTS = [
         "bench_costs.py", [], "aiconfigurator ms",
         marks=pytest.mark.skipif(not (COST.installed or COST.required), reason="needs the cost extra"),
     ),
+    pytest.param(
+        "bench_validation.py", [], "measured us",
+        marks=pytest.mark.skipif(not (COST.installed or COST.required), reason="needs the cost extra"),
+    ),
     ("bench_sweep.py", [], "speed-up vs 1"),
     pytest.param(
         "bench_interleave_pricing.py", [], "TTFT p99 s",

@@ -7,6 +7,7 @@ import pytest
 
 from cpkv.sim.config import SimConfig
 from cpkv.sim.engine import PolicyRun
+from cpkv.sim.metrics import lane_metrics
 from cpkv.sim.trace import Request
 
 pytestmark = pytest.mark.unit
@@ -34,7 +35,9 @@ def test_a_burst_of_two_page_prompts_no_longer_tiles_lanes_in_pairs():
     used = run.alloc.used_pages_per_lane()
     used[0] += 1  # page 0
     assert used.tolist() == [2] * 8
-    assert m["lane_imbalance_peak"] == pytest.approx(16 / 15)
+    # the last step's imbalance (lane_imbalance_peak is the max over every busy step since issue 35)
+    assert lane_metrics(run.rec.used()[-1:], 3)["lane_imbalance_peak"] == pytest.approx(16 / 15)
+    assert m["lane_imbalance_peak"] >= m["lane_imbalance_mean"]
 
 
 @pytest.mark.slow
@@ -42,8 +45,8 @@ def test_a_burst_of_two_page_prompts_no_longer_tiles_lanes_in_pairs():
 def test_the_512_prompt_burst_balances_kept_pages_and_compute():
     """512 prompts of 65 tokens at once, 64 pages per lane: the first rule gave lane peaks 61 32 64 32 64 32
     64 31 (lane_imbalance_peak 1.94, compute_imbalance 1.52); the amended rule <= 1.05 on both."""
-    _, m = _run("balanced", _burst(512, 65), cp_size=8, page_size=64, pages_per_lane=64)
-    assert m["lane_imbalance_peak"] <= 1.05 and m["compute_imbalance"] <= 1.05
+    run, m = _run("balanced", _burst(512, 65), cp_size=8, page_size=64, pages_per_lane=64)
+    assert lane_metrics(run.rec.used()[-1:], 64)["lane_imbalance_peak"] <= 1.05 and m["compute_imbalance"] <= 1.05
     assert max(m["lane_pages_peak"]) - min(m["lane_pages_peak"]) <= 3
 
 
@@ -55,7 +58,7 @@ def test_partial_last_page_prompts_one_at_a_time(lengths):
     rng = np.random.default_rng(7)
     reqs = [Request(i, 25.0 * i, int(rng.integers(*lengths, endpoint=True)), 0, (i,)) for i in range(160)]
     run, m = _run("balanced", reqs, cp_size=8, page_size=64, pages_per_lane=64)
-    assert m["lane_imbalance_peak"] <= 1.05
+    assert lane_metrics(run.rec.used()[-1:], 64)["lane_imbalance_peak"] <= 1.05  # the lanes end balanced
     assert run.cache.cached_pages_per_lane().tolist() == [20] * 8
 
 

@@ -94,8 +94,8 @@ def test_metric_definitions():
     used = np.array([[2, 0], [4, 2]])
     out = lane_metrics(used, pages_per_lane=4)
     assert out["lane_pages_peak"] == [4, 2]
-    assert out["lane_imbalance_peak"] == pytest.approx(4 / 3)
-    # step 0: mean 1 >= 0.4 -> 2/1; step 1: mean 3 -> 4/3
+    # step 0: mean 1 >= 0.4 -> 2/1; step 1: mean 3 -> 4/3; peak and mean over the same (busy) steps
+    assert out["lane_imbalance_peak"] == pytest.approx(2)
     assert out["lane_imbalance_mean"] == pytest.approx((2 + 4 / 3) / 2)
     assert compute_imbalance_mean(np.array([[1.0, 1.0], [3.0, 1.0]])) == pytest.approx(1.25)
     # work-weighted: (max 1 + max 3) / (mean 1 + mean 2) = 4 / 3

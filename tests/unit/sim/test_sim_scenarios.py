@@ -6,6 +6,7 @@ import pytest
 from cpkv.errors import ConfigError
 from cpkv.sim.config import SimConfig
 from cpkv.sim.engine import PolicyRun
+from cpkv.sim.metrics import lane_metrics
 from cpkv.sim.scenarios import TINY_CHUNKS_CHUNK_PAGES, short_prompts_workload, tiny_chunks_reload_workload
 from cpkv.sim.trace import TRACE_BLOCK_TOKENS
 from cpkv.sim.workload import WorkloadSpec, build_workload
@@ -38,8 +39,11 @@ def test_short_prompts_skew_lane0_under_rotation_and_legacy_balanced_spreads():
         m = PolicyRun(cfg, policy, spec.requests).run().metrics
         assert m["requests_finished"] == 64 and m["lane_imbalance_peak"] >= 2
         assert m["lane_pages_peak"][2:] == [0] * 6 and m["evicted_pages"] > 0
-    m = PolicyRun(cfg, "balanced", spec.requests).run().metrics
-    assert m["requests_finished"] == 64 and m["lane_imbalance_peak"] <= 1.05 and m["evicted_pages"] == 0
+    run = PolicyRun(cfg, "balanced", spec.requests)
+    m = run.run().metrics
+    assert m["requests_finished"] == 64 and m["evicted_pages"] == 0
+    # the lanes end balanced (lane_imbalance_peak counts every busy step since issue 35: the first ones too)
+    assert lane_metrics(run.rec.used()[-1:], cfg.pages_per_lane)["lane_imbalance_peak"] <= 1.05
 
 
 # ------------------------------------------------------------------------------------ tiny-chunks reload

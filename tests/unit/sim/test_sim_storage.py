@@ -26,6 +26,7 @@ from sim_workloads import workloads
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-STORAGE")]
 
 ROW, LAYERS, TOPK = 576 * 2 + 128 + 4, 61, 2048  # DeepSeek-V3.2's KV row bytes per token and layer, layers, top-k
+GATHER_ROW = (576 + 128) * 2  # a row as SGLang all-gathers it: latent and index key, both bf16
 REASONS = {"pool", "lane", "logits_budget"}
 
 
@@ -234,9 +235,9 @@ def test_traffic_of_every_step_matches_the_token_oracle(design):
             unit = P * C if design == "interleaved-vblock" else P
             prefix = _prefix_rows_oracle(rows, plan, C, P, unit, design == "interleaved-vblock")
         assert reads == [0] * C
-        assert gathered == (C - 1) * (M + prefix) * ROW * LAYERS
+        assert gathered == (C - 1) * (M + prefix) * GATHER_ROW * LAYERS
         # the illustrative link: 10 us + the bytes each rank receives at 100 GB/s, per layer
-        assert serial == pytest.approx(LAYERS * (0.01 + (C - 1) * M * ROW / 1e8))
+        assert serial == pytest.approx(LAYERS * (0.01 + (C - 1) * M * GATHER_ROW / 1e8))
         assert after[2] - before[2] == pytest.approx(serial)
     assert prefixes > 0  # some steps read a cached or earlier-chunk prefix
     assert m["kv_allgather_bytes_per_rank"] == (steps[-1][3][0] if design != "owner-lane" else 0)
@@ -249,7 +250,7 @@ def test_measured_model_prices_the_all_gather_from_its_nccl_tables():
 
     cost = MeasuredCost.load(MeasuredSpec(), 8)
     t = KVTraffic(cost, 8)
-    assert (t.layers, t.row_bytes, t.topk) == (61, ROW, 2048)
+    assert (t.layers, t.row_bytes, t.gather_row_bytes, t.topk) == (61, ROW, GATHER_ROW, 2048)
     assert t.allgather_ms(1024) == pytest.approx(cost.kv_allgather_ms(1024))
     assert t.provenance()["comm"] == "the measured NCCL tables"
 

@@ -177,7 +177,7 @@ def test_a_bad_grid_is_one_error_line_exit_2_and_writes_nothing(tmp_path, capsys
         ('[workload]\ntrace = "t.jsonl"\nworkload = "synthetic"\n', "give trace or workload, not both"),
         ('[workload]\nmax_requests = 0\n', "[workload] max_requests: must be an integer >= 1, got 0"),
         ('[workload]\nworkload = "huge"\n', "[workload] workload: 'huge' is not one of 'synthetic'"),
-        ('[workload]\nseed = 3\n', "[workload] takes trace, workload, max_requests, not 'seed'"),
+        ('[workload]\nseed = 3\n', "[workload] takes trace, workload, max_requests, start, duration, rate_scale, not 'seed'"),
         ('[workload]\ntrace = "missing.jsonl"\n', "missing.jsonl"),
     ],
 )  # fmt: skip

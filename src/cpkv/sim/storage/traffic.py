@@ -1,8 +1,11 @@
 """KV traffic of one prefill step under each storage design, in bytes and priced (SPEC C-STORAGE, C-COST).
 
-Per token and layer a KV row is the latent (576 x 2 B, bf16) plus the index key (128 B and one fp32
-scale): 1,284 B; 61 layers (DeepSeek-V3.2; the measured tables' own figures when they price the run).
-What moves, per layer, in a prefill step whose busiest rank computes ``M`` tokens:
+Per token and layer a stored KV row is the latent (576 x 2 B, bf16) plus the index key (128 B fp8 and one
+fp32 scale): 1,284 B; 61 layers (DeepSeek-V3.2; the measured tables' own figures when they price the run).
+The all-gathers move what SGLang gathers, the latent and the index key in bf16 (128 x 2 B): 1,408 B a row
+(aiconfigurator's docs/CONTEXT_PARALLEL_DSA_MODELING.md section 3.4, sizes found by instrumenting SGLang:
+``dsa_indexer`` index key 128, ``rebuild_cp_kv_cache`` latent 576, both bf16). Owner-lane's remote reads
+read the stored rows. What moves, per layer, in a prefill step whose busiest rank computes ``M`` tokens:
 
 - **extend all-gather** (replicated, interleaved, interleaved-vblock): every rank all-gathers the rows
   the others computed, ``M`` rows per rank (NCCL pads to the largest share); each rank receives
@@ -40,7 +43,9 @@ _I64 = np.int64
 LATENT_BYTES = 576 * 2
 """Bytes of one token's MLA latent row in one layer (512 + 64 rope, bf16)."""
 INDEX_KEY_BYTES = 128 + 4
-"""Bytes of one token's index key in one layer (128 fp8 values and one fp32 scale)."""
+"""Bytes of one token's stored index key in one layer (128 fp8 values and one fp32 scale)."""
+GATHER_INDEX_KEY_BYTES = 128 * 2
+"""Bytes of one token's index key in one layer as SGLang all-gathers it (128 bf16 values)."""
 NUM_LAYERS = 61
 """DeepSeek-V3.2's layers (the measured tables' ``num_layers`` replace it when they price the run)."""
 INDEX_TOPK = 2048
@@ -84,6 +89,7 @@ class KVTraffic:
         self.row_bytes = int(getattr(tables, "kv_row_bytes", LATENT_BYTES + INDEX_KEY_BYTES))
         self.topk = int(getattr(tables, "index_topk", INDEX_TOPK))
         self.latent_bytes = self.row_bytes - INDEX_KEY_BYTES  # 1,152 for DeepSeek-V3.2
+        self.gather_row_bytes = int(getattr(tables, "kv_gather_row_bytes", self.latent_bytes + GATHER_INDEX_KEY_BYTES))
         self.cp_size = cp_size
         self.measured = tables is not None
         self.allgather_bytes = 0
@@ -92,14 +98,15 @@ class KVTraffic:
         self.exposed_ms = 0.0
 
     def allgather_ms(self, rows_per_rank: int) -> float:
-        """All layers' all-gathers of ``rows_per_rank`` KV rows per rank, ms (``MeasuredCost.kv_allgather_ms``)."""
-        return self.layers * float(self.comm.allgather_ms(rows_per_rank * self.row_bytes, self.cp_size))
+        """All layers' all-gathers of ``rows_per_rank`` KV rows per rank (``gather_row_bytes`` each), ms
+        (``MeasuredCost.kv_allgather_ms``)."""
+        return self.layers * float(self.comm.allgather_ms(rows_per_rank * self.gather_row_bytes, self.cp_size))
 
     def add_allgathers(self, extend_rows: int, prefix_rows: int = 0) -> float:
         """Count one step's all-gathers (``extend_rows`` and ``prefix_rows`` rows per rank); the extend's ms,
         which the step waits for."""
         C = self.cp_size
-        self.allgather_bytes += (C - 1) * (extend_rows + prefix_rows) * self.row_bytes * self.layers
+        self.allgather_bytes += (C - 1) * (extend_rows + prefix_rows) * self.gather_row_bytes * self.layers
         serial = self.allgather_ms(extend_rows) if extend_rows else 0.0
         self.exposed_ms += serial
         self.comm_ms += serial + (self.allgather_ms(prefix_rows) if prefix_rows else 0.0)
@@ -121,7 +128,8 @@ class KVTraffic:
         """How the traffic is priced, for the report."""
         link = ("the measured NCCL tables" if self.measured else
                 f"illustrative link: {ILLUSTRATIVE_LATENCY_MS} ms + bytes at {ILLUSTRATIVE_GB_PER_S} GB/s")  # fmt: skip
-        return {"kv_row_bytes": self.row_bytes, "num_layers": self.layers, "index_topk": self.topk, "comm": link}
+        return {"kv_row_bytes": self.row_bytes, "kv_gather_row_bytes": self.gather_row_bytes, "num_layers": self.layers,
+                "index_topk": self.topk, "comm": link}  # fmt: skip
 
 
 def position_page_lanes(rows: Sequence[np.ndarray], plan: BatchPlan, out: np.ndarray, page_size: int,
