@@ -230,8 +230,8 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
     ``z = s if s < C else 2C-1-s`` and is owned by lane ``(z + phase) % C`` (``_segment_rows``: from tables
     made once per cp_size up to 64 lanes, computed above). A segment holds ``P * pages`` tokens, except the
     request's last non-empty one (column ``min(m, 2C)``; segments fill in order), which lacks ``(-t) % P``
-    tokens; that column's owner owns the last token (the head's when m == 0). Page owners are ``np.repeat`` of the owners by the pages: no per-page
-    arithmetic; empty runs are dropped. Example P=64, C=2, L0=100, E=200, head owner 1, phase 1: h=28, m=3,
+    tokens; that column's owner owns the last token (the head's when m == 0). Page owners are ``np.repeat``
+    of the owners by the pages: no per-page arithmetic; empty runs are dropped. Example P=64, C=2, L0=100, E=200, head owner 1, phase 1: h=28, m=3,
     segments [1, 1, 1, 0] on ranks [1, 0, 1, 0] -> runs (rank, tokens) (1, 28), (1, 64), (0, 64), (1, 44);
     C=4, m=16, phase 0: page owners [0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0].
     """
@@ -264,7 +264,7 @@ def _segment_rows(rem: np.ndarray, phase: np.ndarray, C: int) -> tuple[np.ndarra
     """``(fill, lanes)`` rows of a batch, int64 ``[B, 2C+1]`` each (new arrays): ``_segment_tables``'s row
     ``rem[i]`` of ``fill`` and row ``phase[i]`` of ``lanes`` for request i. Up to ``_TABLE_MAX_CP`` lanes the
     rows are taken from the cached tables; above it they are computed, O(B * C), so a large cp_size never
-    builds the O(C**2) tables (at 4096 lanes they would take 805 MiB)."""
+    builds the O(C**2) tables (at 4096 lanes they would take 768 MiB)."""
     if C <= _TABLE_MAX_CP:
         fill, lanes = _segment_tables(C)
         return fill[rem], lanes[phase]

@@ -1,6 +1,6 @@
 """C-ZIGZAG's segment tables stay small at any cp_size: cached only up to ``_TABLE_MAX_CP`` lanes (O(C**2)
 bytes each), computed per batch above it; both ways give the oracle's plan (limits.MAX_CP_SIZE promises a
-one-request plan of about 650 KiB at 4096 lanes; the tables alone took 805 MiB there)."""
+one-request plan of about 650 KiB at 4096 lanes; the tables alone took 768 MiB there)."""
 
 import tracemalloc
 
@@ -24,7 +24,7 @@ def test_a_plan_at_max_cp_size_builds_no_quadratic_table():
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 4 * 2**20  # was 805 MiB of fill and lanes tables
+    assert peak < 4 * 2**20  # was 768 MiB of fill and lanes tables
     assert 4096 not in planner_mod._SEGMENT_TABLES
     # 16 pages in segments 0..15, one page each, on zigzag ranks 0..15, lanes (z + 4095) % 4096
     assert plan.page_owners.tolist() == [4095] + list(range(15))
