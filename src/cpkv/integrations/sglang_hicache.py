@@ -12,8 +12,10 @@ AROUND hooks; no SGLang file patched) make HiCache replay owners:
   A recorded lane still short after merging staged pages and evicting from the tree is never waited on:
   the load returns None, counted as ``load_back_owner_lane_capacity_failed`` (and the pages as
   ``load_back_failed_pages``), and SGLang treats the host part of the prefix as a miss, which the request
-  recomputes. SGLang loads a matched host path as one unit, so a short lane sends the whole host part to
-  recompute (cpkv's own ``PrefixCache`` loads the pages before the first one that does not fit);
+  recomputes. SGLang's load-back commits all the promised tokens or none (``PrefillAdder`` raises "HiCache
+  load-back must commit all promised FULL tokens or none", ``managers/schedule_policy.py``), so a short
+  lane sends the whole host part to recompute (cpkv's own ``PrefixCache`` keeps the pages before the
+  first one that does not fit);
 - ``UnifiedRadixCache._load_back_transfers`` asks ``_component_available_size`` for free rows before it
   loads; for cpkv that gate is the aggregate free rows (``aggregate_free_size``) during a load-back, since
   the per-lane check above is the real one (the admission floor ``available_size`` would refuse loads
@@ -105,7 +107,7 @@ def cpkv_allocator(controller):
     """The cpkv ``OwnerLaneTokenToKVPoolAllocator`` behind a controller while ``SGLANG_PLATFORM=cpkv``
     (read at every call), else None."""
     from .sglang import OwnerLaneTokenToKVPoolAllocator
-    from .sglang_hooks import selected
+    from .sglang_checks import selected  # not sglang_hooks: that module imports this one
 
     if not selected():
         return None
