@@ -118,9 +118,14 @@ def prefill_adder_overhead(result, self, *args, **kwargs) -> None:
         self.per_req_token_overhead = allocator.cp_size * allocator.page_size
 
 
-def _is_prefill(args, kwargs) -> bool:
+def _mode(args, kwargs) -> str | None:
+    """``CommonKVManager.__init__``'s ``disaggregation_mode`` (its second argument) as ``"prefill"`` / ``"decode"``."""
     mode = kwargs.get("disaggregation_mode", args[1] if len(args) > 1 else None)
-    return getattr(mode, "value", mode) == "prefill"
+    return getattr(mode, "value", mode)
+
+
+def _is_prefill(args, kwargs) -> bool:
+    return _mode(args, kwargs) == "prefill"
 
 
 def pd_shard_by_cp_rank(self, *args, **kwargs) -> None:
@@ -156,8 +161,7 @@ def pd_every_cp_rank_sends(result, self, *args, **kwargs) -> None:
     """
     if not selected():
         return
-    mode = kwargs.get("disaggregation_mode", args[1] if len(args) > 1 else None)
-    if getattr(mode, "value", mode) == "decode":
+    if _mode(args, kwargs) == "decode":
         self.enable_all_cp_ranks_for_transfer = True
         return
     if _is_prefill(args, kwargs) and self.kv_shard_size > 1:
