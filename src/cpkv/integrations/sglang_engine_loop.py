@@ -57,7 +57,8 @@ def install_plugins() -> None:
 
     load_plugins()
     target, hook, _ = sglang_hooks.hooks()[1]
-    if not sglang_hooks.hook_applied(target, hook):  # the entry point did not run here: register it directly
+    if not sglang_hooks.hook_applied(target, hook):  # entry point not found (a stale src/cpkv.egg-info ahead on
+        # sys.path under PYTHONPATH=src hides the installed one): register it as the entry point would
         sglang_hooks.register()
     if not sglang_hooks.hook_applied(sglang_hicache.HOOK_TARGETS[1], sglang_hicache.load_on_recorded_lanes):
         sglang_hicache.register()
