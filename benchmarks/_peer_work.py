@@ -128,6 +128,35 @@ class SGLangAlloc:
         return total, np.stack(outs)
 
 
+class ShardedAlloc(SGLangAlloc):
+    """An SGLang-facing allocator of a CP group of ``cp_size`` ranks with ``pages`` usable pages in all,
+    driven through the same SGLang calls (``alloc_extend`` with SGLang's tensors, ``free`` of the slots):
+    ``kind="sglang"`` is SGLang's ``PageInterleavePoolAllocator`` (its ``--enable-kv-cache-sharding``
+    allocator; every request a new chain, ``rotation_bases=[None, ...]``), ``kind="cpkv"`` cpkv's
+    ``OwnerLaneTokenToKVPoolAllocator`` (balanced owners). Both take one rank's pool, ``ceil(pages / C)``
+    pages, as SGLang passes it."""
+
+    def __init__(self, sg, kind: str, cp_size: int, page_size: int, pages: int) -> None:
+        super().__init__(sg, page_size, pages)
+        self.kind, self.C, self.name = kind, cp_size, f"{kind}_sharded"
+
+    def fresh(self):
+        size = -(-self.pages // self.C) * self.P
+        if self.kind == "sglang":
+            return self.sg.PageInterleaveAllocator(size, self.P, self.C, torch.bfloat16, "cpu", None, False)
+        from cpkv.integrations.sglang import OwnerLaneTokenToKVPoolAllocator
+
+        return OwnerLaneTokenToKVPoolAllocator(size, self.P, torch.bfloat16, "cpu", None, False, cp_size=self.C,
+                                               owner_policy="balanced")  # fmt: skip
+
+    def _extend(self, alloc, prefix_lens, extend_lens, last_locs):
+        L0 = torch.tensor(np.asarray(prefix_lens, dtype=np.int64))
+        seq = L0 + torch.tensor(np.asarray(extend_lens, dtype=np.int64))
+        last = torch.tensor(np.asarray(last_locs, dtype=np.int64))
+        kw = {"rotation_bases": [None] * len(L0)} if self.kind == "sglang" else {}
+        return alloc.alloc_extend(L0, L0, seq, seq, last, int(np.sum(extend_lens)), **kw)
+
+
 # ------------------------------------------------------------------------------------ prefix cache
 class _Replay:
     """Shared bookkeeping of a replay: per-step seconds and counts."""

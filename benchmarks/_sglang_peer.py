@@ -22,7 +22,7 @@ from cpkv.integrations.cpu_stubs import install_torchvision_stub
 
 
 def load() -> types.SimpleNamespace | str:
-    """SGLang's classes as a namespace (``Allocator``, ``RadixCache``, ``RadixKey``, ``MatchPrefixParams``,
+    """SGLang's classes as a namespace (``Allocator``, ``PageInterleaveAllocator``, ``RadixCache``, ``RadixKey``, ``MatchPrefixParams``,
     ``InsertParams``, ``EvictParams``, ``version``, ``torchvision_stubbed``), or a one-line reason string
     when sglang is not installed or does not import."""
     if importlib.util.find_spec("sglang") is None:
@@ -31,6 +31,7 @@ def load() -> types.SimpleNamespace | str:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            from sglang.srt.mem_cache.allocator.page_interleave import PageInterleavePoolAllocator
             from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
             from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
             from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
@@ -38,7 +39,7 @@ def load() -> types.SimpleNamespace | str:
     except Exception as e:  # any import-time failure of the peer is reported, not raised
         return f"sglang does not import here: {type(e).__name__}: {e}"
     return types.SimpleNamespace(
-        Allocator=PagedTokenToKVPoolAllocator, RadixCache=RadixCache, RadixKey=RadixKey,
+        Allocator=PagedTokenToKVPoolAllocator, PageInterleaveAllocator=PageInterleavePoolAllocator, RadixCache=RadixCache, RadixKey=RadixKey,
         MatchPrefixParams=MatchPrefixParams, InsertParams=InsertParams, EvictParams=EvictParams,
         version=version("sglang"), torchvision_stubbed=stubbed,
     )  # fmt: skip

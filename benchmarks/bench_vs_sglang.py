@@ -10,7 +10,9 @@ cpkv / SGLang. Before timing, SGLang's outputs are checked: its slots against th
 Cases (page_size 64): bulk ``alloc_extend`` + ``free`` of one request of 8k-1M tokens; one 64-token
 request; decode steps of 64 and 256 requests; the prefix-cache replay of the first 2,000 Mooncake
 requests at 8,192 and 65,536 pages. cpkv runs at cp_size 1 (identical work: same pages, same slots)
-and, as extra columns, at cp_size 8 (the same tokens spread over 8 lanes). See README.md.
+and, as extra columns, at cp_size 8 (the same tokens spread over 8 lanes). The sharded rows compare, on the
+same SGLang calls at C = 8, SGLang's ``PageInterleavePoolAllocator`` (SGLang column) with cpkv's
+``OwnerLaneTokenToKVPoolAllocator`` (cpkv column). See README.md.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ import _sglang_peer
 import numpy as np
 import torch
 from _common import ROOT, parser, print_table, write_json
-from _peer_work import STEPS, CpkvAlloc, CpkvReplay, SGLangAlloc, SGLangReplay, reference_hit_tokens
+from _peer_work import (
+    STEPS,
+    CpkvAlloc,
+    CpkvReplay,
+    SGLangAlloc,
+    SGLangReplay,
+    ShardedAlloc,
+    reference_hit_tokens,
+)
 
 sys.path.insert(0, str(ROOT / "tests"))
 import oracle  # noqa: E402  (the independent per-token reference in tests/)
@@ -88,6 +98,21 @@ def check_allocators(sg) -> None:
     assert_same(got, want, "decode steps")
 
 
+def check_sharded(contenders: dict) -> None:
+    """Both sharded allocators hand out 14 distinct pages of whole slots on a fresh pool, padding pages never
+    (page ids >= C), each page of a request once; cpkv's pages of one request also spread over the lanes
+    within one page (C-ZIGZAG). SystemExit otherwise."""
+    for name, a in contenders.items():
+        alloc = a.fresh()
+        out = a.extend(alloc, [0, 0], [8 * P + 3, 5 * P], [-1, -1])
+        pages = np.unique(out // P)
+        if out.shape[0] != 13 * P + 3 or pages.shape[0] != 14 or pages.min() < a.C:
+            raise SystemExit(f"check failed: {name}'s sharded alloc_extend gave {pages.shape[0]} pages {pages[:4]} ...")
+        lanes = np.bincount(np.unique(out[: 8 * P + 3] // P) % a.C, minlength=a.C)
+        if name == "cpkv" and lanes.max() - lanes.min() > 1:
+            raise SystemExit(f"check failed: cpkv's 9 pages of one request on lanes {lanes.tolist()}")
+
+
 def assert_same(got: np.ndarray, want: np.ndarray, what: str) -> None:
     if got.tolist() != want.tolist():
         raise SystemExit(f"check failed: SGLang's and cpkv's (cp_size 1) slots differ on {what}")
@@ -112,8 +137,8 @@ def replay_round(make, prompts, convert) -> tuple[float, object]:
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--cases", default="bulk,one,decode,replay",
-                   help="comma-separated case groups to run (default: bulk,one,decode,replay)")  # fmt: skip
+    p.add_argument("--cases", default="bulk,one,decode,replay,sharded",
+                   help="comma-separated case groups to run (default: bulk,one,decode,replay,sharded)")  # fmt: skip
     args = p.parse_args()
     groups = set(args.cases.split(","))
     sg = _sglang_peer.load()
@@ -148,6 +173,17 @@ def main() -> None:
     if c:
         fns = {k: (lambda v=v: v.extend_free(64, calls)) for k, v in c.items()}
         add("one 64-token request", alternate(rounds, fns), calls, "us/call", 1e6)
+
+    # Sharded, C = 8: SGLang's PageInterleavePoolAllocator against cpkv's SGLang allocator on the same calls
+    # (SGLang column: PageInterleavePoolAllocator; cpkv C=1 column: cpkv's OwnerLaneTokenToKVPoolAllocator
+    # at C = 8). SGLang's sharded allocator has no decode allocation (prefill nodes only).
+    for E in ([8192, 64] if quick else [8192, 65536, 64]) if "sharded" in groups else []:
+        pages, calls = E // P + 64, (50 if quick else 500) if E == 64 else max(1, (1 << 20) // E // (16 if quick else 1))
+        c = {"cpkv": ShardedAlloc(sg, "cpkv", 8, P, pages), "sglang": ShardedAlloc(sg, "sglang", 8, P, pages)}
+        check_sharded(c)
+        fns = {k: (lambda v=v, E=E, calls=calls: v.extend_free(E, calls)) for k, v in c.items()}
+        add(f"sharded C=8 extend+free {E:,} (SGLang: PageInterleave)", alternate(rounds, fns), calls,
+            "us/call" if E == 64 else "ms/call", 1e6 if E == 64 else 1e3)  # fmt: skip
 
     # Decode steps: B requests of random lengths (prefilled untimed), then `steps` steps of all of them.
     steps = 8 if quick else 64

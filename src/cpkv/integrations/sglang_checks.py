@@ -9,12 +9,25 @@ cannot run cpkv's owner lanes stops before it serves:
 - at ``cp_size > 1``, an allocator SGLang builds without cpkv's platform hook: SWA models, HiSparse,
   ``--page-size 1`` (SGLang's token allocator).
 
-Imports no sglang at module level (the platform plugin loads it while SGLang's modules import).
+``selected()`` says whether ``SGLANG_PLATFORM`` selects cpkv: the hooks of ``sglang_hooks`` and
+``sglang_hicache`` read it at every call. Imports no sglang at module level (the platform plugin loads it
+while SGLang's modules import).
 """
 
 from __future__ import annotations
 
+import os
+
 from ..errors import ConfigError
+
+PLATFORM_NAME = "cpkv"
+"""The value of ``SGLANG_PLATFORM`` that selects cpkv's plugins (both entry points' name)."""
+
+
+def selected() -> bool:
+    """Whether ``SGLANG_PLATFORM`` selects cpkv (read at every call); every cpkv hook passes through
+    otherwise."""
+    return os.environ.get("SGLANG_PLATFORM", "") == PLATFORM_NAME
 
 SGLANG_VERSION = "0.5.23"
 """The SGLang release cpkv's hooks are written against (the pin of tests/integration/sglang/requirements.txt)."""

@@ -9,17 +9,20 @@ SGLang's ``SchedulerInvariantChecker`` after every step. The allocator is the on
 returns under ``SGLANG_PLATFORM=cpkv`` (cpkv's), or, as the peer, SGLang's own ``PageInterleavePoolAllocator``
 (its ``--enable-kv-cache-sharding`` allocator, rotation bases and owner-preserving ``alloc_cyclic`` load-back).
 
-The model forward is replaced by writing each extend token's known K/V rows (``kv_rows``: a function of the
-token id and its position) through cpkv's KV-row path (``sglang_kv_rows.write_kv_rows`` on the C ranks' own
-pools) and into the group view SGLang's HiCache copies from (one process holds every rank). ``checks``
-verifies after every step what ``step`` reports. Each request is prefill only (its output is not decoded).
+The model forward is replaced by writing each extend token's known K/V rows (``kv_rows``: the token id, its
+position and the lane that computed it) through cpkv's KV-row path (``sglang_kv_rows.write_kv_rows`` on the
+C ranks' own pools) and into the group view SGLang's HiCache copies from (one process holds every rank).
+The rows travel through host memory and L3 with the page, so a page loaded back onto another lane than the
+one that computed it fails ``checks``, which runs after every step. With L3 the host pool is write-through
+(L3 then holds whole prefixes from the root) and every prefetch and backup is awaited, so a run is
+repeatable. Each request is prefill only (its output is not decoded).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from array import array
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -38,30 +41,7 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from ..errors import ConfigError
-from ..sim.trace import TRACE_BLOCK_TOKENS, Request, load_trace, prompt_token_ids
-
-HEAD_DIM = 4
-"""K/V row width: the token id in three 12-bit parts and the position, exact in float32."""
-
-
-def kv_rows(tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The known K/V rows of tokens at positions (int64 ``[n]`` each): float32 ``[n, 1, 4]`` each, K =
-    ``(id & 0xFFF, id >> 12 & 0xFFF, id >> 24, position)``, V = K + 0.5. Every value < 2**24: exact."""
-    t = tokens.to(torch.int64)
-    k = torch.stack([t & 0xFFF, (t >> 12) & 0xFFF, t >> 24, positions.to(torch.int64)], dim=1).float()
-    return k[:, None, :], (k + 0.5)[:, None, :]
-
-
-def scaled_prompts(path, requests: int, block_tokens: int) -> list[np.ndarray]:
-    """Token ids of the first ``requests`` prompts of a Mooncake trace with each 512-token block scaled to
-    ``block_tokens`` tokens (``input_length`` scaled by ``block_tokens / 512``, rounded up), so equal
-    ``hash_ids`` prefixes still give equal token prefixes; int64 ``[len]`` each."""
-    out = []
-    for r in load_trace(path, max_requests=requests):
-        n = -(-r.input_length * block_tokens // TRACE_BLOCK_TOKENS)
-        scaled = Request(r.req_id, r.arrival_ms, n, r.output_length, r.hash_ids)
-        out.append(prompt_token_ids(scaled, block_size=block_tokens))
-    return out
+from .sglang_loop_workload import HEAD_DIM, LoopCheckError, LoopConfig, LoopStats, kv_rows, scaled_prompts
 
 
 def install_plugins() -> None:
@@ -77,63 +57,12 @@ def install_plugins() -> None:
 
     load_plugins()
     target, hook, _ = sglang_hooks.hooks()[1]
-    if not sglang_hooks.hook_applied(target, hook):  # the entry point did not run here: register it directly
+    if not sglang_hooks.hook_applied(target, hook):  # entry point not found (a stale src/cpkv.egg-info ahead on
+        # sys.path under PYTHONPATH=src hides the installed one): register it as the entry point would
         sglang_hooks.register()
     if not sglang_hooks.hook_applied(sglang_hicache.HOOK_TARGETS[1], sglang_hicache.load_on_recorded_lanes):
         sglang_hicache.register()
         HookRegistry.apply_hooks()
-
-
-@dataclass
-class LoopConfig:
-    """One engine loop: the group, the pools and the trace scaling.
-
-    Attributes:
-        allocator: ``"cpkv"`` (through SGLang's platform hook) or ``"sglang"`` (PageInterleavePoolAllocator).
-        cp_size, page_size: C and P. rank_pages: pages of one rank's pool (``size = rank_pages * P``).
-        owner_policy: cpkv's policy (``CPKV_OWNER_POLICY``). host_ratio: HiCache host pool / device pool.
-        storage_dir: the L3 ``file`` backend's directory, or None for no L3.
-        block_tokens: tokens of one trace block (512 in the trace). arrivals: requests arriving a step.
-        max_prefill_tokens: the PrefillAdder's ``rem_input_tokens`` a step. max_requests: request slots.
-    """
-
-    allocator: str = "cpkv"
-    cp_size: int = 4
-    page_size: int = 4
-    rank_pages: int = 96
-    owner_policy: str = "balanced"
-    host_ratio: float = 2.0
-    storage_dir: str | None = None
-    block_tokens: int = 4
-    arrivals: int = 4
-    max_prefill_tokens: int = 1024
-    max_requests: int = 32
-
-
-@dataclass
-class LoopStats:
-    """What the loop counted (tokens or pages, as named); ``lane_peak`` is the most pages held on one lane at
-    any step end, ``imbalance_peak`` the largest ``max / mean`` of the lanes' held pages at a step end."""
-
-    steps: int = 0
-    requests: int = 0
-    prompt_tokens: int = 0
-    device_hit_tokens: int = 0
-    host_hit_tokens: int = 0
-    storage_hit_tokens: int = 0
-    computed_tokens: int = 0
-    load_back_pages: int = 0
-    load_back_off_lane_pages: int = 0
-    pages_recomputed: int = 0
-    lane_peak: int = 0
-    imbalance_peak: float = 1.0
-    checked_pages: int = 0
-    invariant_checks: int = 0
-
-    @property
-    def cache_hit_tokens(self) -> int:
-        """Prompt tokens not computed: device + host + L3 hits."""
-        return self.device_hit_tokens + self.host_hit_tokens + self.storage_hit_tokens
 
 
 class EngineLoop:
@@ -152,10 +81,14 @@ class EngineLoop:
         size = cfg.rank_pages * P
         args = dict(model_path="dummy", page_size=P, enable_hierarchical_cache=True, hicache_io_backend="direct",
                     hicache_mem_layout="layer_first", hicache_write_policy="write_back", hicache_ratio=cfg.host_ratio)  # fmt: skip
+        if cfg.allocator == "sglang":  # its host pool is one rank's rows: the group holds C times as many
+            args["hicache_ratio"] = cfg.host_ratio / C
         if cfg.storage_dir is not None:
             os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = cfg.storage_dir
             args["hicache_storage_backend"] = "file"
             args["hicache_storage_backend_extra_config"] = f'{{"prefetch_threshold": {P}}}'  # default 256 tokens
+            args["hicache_storage_prefetch_policy"] = "wait_complete"  # a step waits for its L3 reads
+            args["hicache_write_policy"] = "write_through"  # L3 holds whole prefixes from the root
         self.server_args = ServerArgs(**args)
         set_global_server_args_for_scheduler(self.server_args)
         # The group view: every rank's rows at their group slots (what one process's HiCache copies).
@@ -194,7 +127,10 @@ class EngineLoop:
 
             with get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
                 self.tree.init_hicache(self.server_args, params)
-        self.tree.write_through_threshold, self.tree.load_back_threshold = 1 << 30, 0
+        self.tree.load_back_threshold = 0  # load every host hit back (SGLang's default skips short ones)
+        if cfg.storage_dir is not None:  # host pool = 2x device: SGLang's prefetch cap would be 0 here
+            cc = self.tree.cache_controller
+            cc.prefetch_capacity_limit = max(cc.prefetch_capacity_limit, cc.mem_pool_host.size)
         self._watch_load_back(self.tree.cache_controller)
         self.model_config = SimpleNamespace(vocab_size=1 << 31, is_encoder_decoder=False)
         widening = C  # the scheduler's kv_shard_widening: C for both (cpkv's scheduler hook, SGLang's own)
@@ -211,7 +147,7 @@ class EngineLoop:
             pool_stats_observer=self.observer, get_last_batch=lambda: self.last_batch,
             get_running_batch=lambda: None, scheduler_stage_metrics=None)  # fmt: skip
         self.waiting: list[Req] = []
-        self._expected: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._prefetched: set[str] = set()
 
     # ------------------------------------------------------------------------------- load-back oracle
     def _watch_load_back(self, controller) -> None:
@@ -236,7 +172,8 @@ class EngineLoop:
                 return out
             got = ((out[::P] // P) % C).tolist()
             self.stats.load_back_pages += len(pages)
-            self.stats.load_back_off_lane_pages += sum(lanes.get(h // P, g) != g for h, g in zip(pages, got, strict=True))
+            if self.cfg.storage_dir is None:  # with L3, a host page can be filled from storage, not by write
+                self.stats.load_back_off_lane_pages += sum(lanes.get(h // P, g) != g for h, g in zip(pages, got, strict=True))
             return out
 
         controller.write, controller.load = watched_write, watched_load
@@ -251,10 +188,11 @@ class EngineLoop:
         self.stats.prompt_tokens += len(tokens)
         if self.cfg.storage_dir is not None:
             req.init_next_round_input(self.tree, cow_mamba=False)
-            matched = req.prefix_len + req.host_hit_length
-            if self.tree.is_backuped(req.last_host_node) or self.tree.is_root(req.last_host_node):
-                self.tree.prefetch_from_storage(req.cache_request_handle, req.last_host_node,
-                                                req.full_untruncated_fill_ids[matched:])  # fmt: skip
+            matched, node, ids = req.prefix_len + req.host_hit_length, req.last_host_node, req.full_untruncated_fill_ids
+            if self.tree.is_backuped(node) or self.tree.is_root(node):  # Scheduler._prefetch_kvcache's call
+                self.tree.prefetch_from_storage(req.cache_request_handle, node, ids[matched:],
+                                                self.tree.get_last_hash_value(node), None,
+                                                matched_prefix_tokens=ids[:matched])  # fmt: skip
         self.waiting.append(req)
 
     def step(self) -> int:
@@ -264,12 +202,8 @@ class EngineLoop:
         adder = PrefillAdder(cfg.page_size, self.tree, self.alloc, ScheduleBatch(reqs=[]), 0.5,
                              cfg.max_prefill_tokens, None)  # fmt: skip
         for req in self.waiting:
-            if cfg.storage_dir is not None:
-                if not self.tree.check_prefetch_progress(req.cache_request_handle):
-                    continue
-                loaded, start = self.tree.pop_prefetch_loaded_span(req.cache_request_handle)
-                if loaded > 0:
-                    req.storage_hit_length, req.storage_hit_start, req.host_hit_is_storage = loaded, start, False
+            if cfg.storage_dir is not None and req.rid not in self._prefetched:
+                self._await_prefetch(req)  # synchronous: the same L3 hits at every run
             req.init_next_round_input(self.tree)
             if adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None) != AddReqResult.CONTINUE:
                 break
@@ -296,9 +230,29 @@ class EngineLoop:
             release_kv_cache(req, self.tree, checkpoint=True)
         self.last_batch = None
         self.tree.check_hicache_events()
+        if cfg.storage_dir is not None:  # every L3 backup of the step written before the next: deterministic
+            self._wait(lambda: (self.tree.drain_storage_control_queues(), not self.tree.ongoing_backup)[1], "L3 backup")
         self.stats.steps += 1
         self.checks()
         return len(run)
+
+    def _await_prefetch(self, req, timeout_s: float = 60.0) -> None:
+        """Drive HiCache's events until the request's L3 prefetch is done, then take its loaded span."""
+        handle = req.cache_request_handle
+        self._wait(lambda: (self.tree.check_hicache_events(), self.tree.check_prefetch_progress(handle))[1],
+                   f"request {req.rid}'s L3 prefetch", timeout_s)  # fmt: skip
+        loaded, start = self.tree.pop_prefetch_loaded_span(req.cache_request_handle)
+        if loaded > 0:
+            req.storage_hit_length, req.storage_hit_start, req.host_hit_is_storage = loaded, start, False
+        self._prefetched.add(req.rid)
+
+    def _wait(self, done, what: str, timeout_s: float = 60.0) -> None:
+        """Poll ``done()`` (HiCache's storage threads run meanwhile) until true; LoopCheckError after the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                raise LoopCheckError(f"step {self.stats.steps}: {what} did not finish in {timeout_s} s")
+            time.sleep(0.001)
 
     def run(self, prompts: list[np.ndarray]) -> LoopStats:
         """Submit ``arrivals`` prompts a step and step until every prompt ran; returns the stats."""
@@ -317,7 +271,8 @@ class EngineLoop:
         toks = [torch.tensor(r.origin_input_ids[r.prefix_len : r.extend_end], dtype=torch.int64) for r in batch.reqs]
         pos = [torch.arange(r.prefix_len, r.extend_end, dtype=torch.int64) for r in batch.reqs]
         loc = batch.out_cache_loc
-        k, v = kv_rows(torch.cat(toks), torch.cat(pos))
+        C, P = self.cfg.cp_size, self.cfg.page_size
+        k, v = kv_rows(torch.cat(toks), torch.cat(pos), (loc // P) % C)
         layer = SimpleNamespace(layer_id=0)
         self._check_rows(loc)
         self.kv.set_kv_buffer(layer, loc, k, v)
@@ -361,11 +316,15 @@ class EngineLoop:
         if slots.numel():  # the peer's HiCache moves rank 0's own rows only (one process): rows checked for cpkv
             self._check_rows(slots)
         if slots.numel() and self.rank_pools:
-            k, v = kv_rows(tokens, positions)
-            if not (torch.equal(self.kv.k_buffer[0][slots], k) and torch.equal(self.kv.v_buffer[0][slots], v)):
-                bad = int((self.kv.k_buffer[0][slots] != k).any(dim=(1, 2)).nonzero()[0])
-                raise LoopCheckError(f"step {self.stats.steps}: cached slot {int(slots[bad])} (position "
-                                     f"{int(positions[bad])}) does not hold its token's K/V rows")  # fmt: skip
+            k, v = kv_rows(tokens, positions, (slots // P) % C)
+            got_k, got_v = self.kv.k_buffer[0][slots], self.kv.v_buffer[0][slots]
+            bad = ((got_k != k) | (got_v != v)).any(dim=2).any(dim=1).nonzero().reshape(-1)
+            if bad.numel():
+                i = int(bad[0])
+                why = (f"holds rows computed on lane {int(got_v[i, 0, 3])}" if torch.equal(got_k[i], k[i])
+                       else "does not hold its token's K/V rows")  # fmt: skip
+                raise LoopCheckError(f"step {self.stats.steps}: cached slot {int(slots[i])} (lane "
+                                     f"{int(slots[i]) // P % C}, position {int(positions[i])}) {why}")  # fmt: skip
             self.stats.checked_pages += slots.numel() // P
         free = self.alloc.get_all_free_pages()
         held = self.cfg.rank_pages - np.bincount((free.numpy() % C), minlength=C)
@@ -396,5 +355,4 @@ class _Finished:  # a finished reason for a prefill-only request (Req.finished()
     pass
 
 
-class LoopCheckError(AssertionError):
-    """A check of ``EngineLoop.checks`` failed; the message names the step and the value."""
+__all__ = ["EngineLoop", "LoopCheckError", "LoopConfig", "LoopStats", "install_plugins", "kv_rows", "scaled_prompts"]

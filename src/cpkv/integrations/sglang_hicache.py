@@ -12,16 +12,20 @@ AROUND hooks; no SGLang file patched) make HiCache replay owners:
   A recorded lane still short after merging staged pages and evicting from the tree is never waited on:
   the load returns None, counted as ``load_back_owner_lane_capacity_failed`` (and the pages as
   ``load_back_failed_pages``), and SGLang treats the host part of the prefix as a miss, which the request
-  recomputes. SGLang loads a matched host path as one unit, so a short lane sends the whole host part to
-  recompute (cpkv's own ``PrefixCache`` loads the pages before the first one that does not fit);
+  recomputes. SGLang's load-back commits all the promised tokens or none (``PrefillAdder`` raises "HiCache
+  load-back must commit all promised FULL tokens or none", ``managers/schedule_policy.py``), so a short
+  lane sends the whole host part to recompute (cpkv's own ``PrefixCache`` keeps the pages before the
+  first one that does not fit);
 - ``UnifiedRadixCache._load_back_transfers`` asks ``_component_available_size`` for free rows before it
   loads; for cpkv that gate is the aggregate free rows (``aggregate_free_size``) during a load-back, since
   the per-lane check above is the real one (the admission floor ``available_size`` would refuse loads
   that fit on their lanes, and count nothing);
 - ``HybridCacheController.attach_storage_backend`` (L3): the storage keys carry the owner lane
   (``<key>_lane<r>``, ``lane_key``): page writes add it, the hit query finds each page's lane by probing
-  its ``C`` keys, and page reads record the lane of every host page they fill, so a fresh process (new
-  cache, new allocator) loads an L3 prefix back onto its recorded lanes.
+  its ``C`` keys (up to C lookups a page), and page reads record the lane of every host page they fill,
+  so a fresh process (new cache, new allocator) loads an L3 prefix back onto its recorded lanes. The
+  backend is wrapped (``LaneProbingStorage``), so SGLang's ``get_internal_state`` reports no Mooncake L3
+  object layout to outside readers (they would not know the lane keys).
 
 Every hook passes straight through when ``SGLANG_PLATFORM`` is not ``cpkv`` or the allocator is not cpkv's,
 so registering them changes nothing for another SGLang deployment. cpkv's ``sglang.srt.plugins`` plugin
@@ -103,7 +107,7 @@ def cpkv_allocator(controller):
     """The cpkv ``OwnerLaneTokenToKVPoolAllocator`` behind a controller while ``SGLANG_PLATFORM=cpkv``
     (read at every call), else None."""
     from .sglang import OwnerLaneTokenToKVPoolAllocator
-    from .sglang_hooks import selected
+    from .sglang_checks import selected  # not sglang_hooks: that module imports this one
 
     if not selected():
         return None
@@ -163,23 +167,20 @@ def load_on_recorded_lanes(original, self, host_indices, *args, device_indices=N
 
 
 def _make_room(alloc, tree, owners: np.ndarray) -> bool:
-    """Whether every recorded lane has room for its pages, after merging staged pages and evicting
-    unlocked tree pages while a lane is short (each round evicts that lane's shortfall; stops when an
-    eviction frees nothing)."""
+    """Whether every recorded lane has room for its pages, after returning staged pages (``need_sort``)
+    and, while a lane is short, evicting unlocked tree pages (SGLang's tree evicts the least recently used
+    pages by count, not by lane: each round asks for the largest shortfall; stops when nothing is evicted)."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
     need = np.bincount(owners, minlength=alloc.cp_size)
     while True:
         short = need - alloc.lanes.free_pages_per_lane()
         if (short <= 0).all():
             return True
-        if alloc._staged:
+        if alloc.aggregate_free_size() > alloc.page_size * alloc.lanes.total_free_pages:  # pages staged
             alloc.merge_and_sort_free()
             continue
-        if tree is None:
-            return False
-        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-
-        tokens = int(short.max()) * alloc.page_size
-        if tree.evict(EvictParams(num_tokens=tokens)).num_tokens_evicted == 0:
+        if tree is None or tree.evict(EvictParams(num_tokens=int(short.max()) * alloc.page_size)).num_tokens_evicted == 0:
             return False
 
 

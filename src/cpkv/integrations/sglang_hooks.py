@@ -32,19 +32,17 @@ SGLang's ``page_interleave_shard_size`` stays 1 for cpkv, so its ``rotation_base
 L3 refusal stay off (cpkv picks phases itself). ``register`` applies the hooks and checks that each one
 wraps its target; one that does not stops the start with one line naming it (``SGLangStartError``:
 SGLang's plugin loader logs and goes on after an ``Exception``, not after ``SystemExit``). Every hook
-passes through when ``SGLANG_PLATFORM`` is not ``cpkv`` or the allocator is not cpkv's, so without
-``SGLANG_PLATFORM=cpkv`` installing cpkv changes nothing in SGLang. This module imports only ``os`` at
-import time (SGLang loads every entry point of the group).
+passes through when ``SGLANG_PLATFORM`` is not ``cpkv`` (``sglang_checks.selected``) or the allocator is
+not cpkv's, so without ``SGLANG_PLATFORM=cpkv`` installing cpkv changes nothing in SGLang. This module
+imports no sglang at import time (SGLang loads every entry point of the group).
 """
 
 from __future__ import annotations
 
-import os
-
 from ..errors import ConfigError
+from .sglang_checks import PLATFORM_NAME, selected
 
-PLATFORM_NAME = "cpkv"
-"""The value of ``SGLANG_PLATFORM`` that turns the hooks on (the platform plugin's name)."""
+__all__ = ["PLATFORM_NAME", "SGLangStartError", "hook_applied", "hooks", "register", "selected"]
 
 _S = "sglang.srt."
 TARGETS = {
@@ -60,11 +58,6 @@ TARGETS = {
 class SGLangStartError(SystemExit):
     """SGLang cannot start with cpkv: exits the process with one line (``SystemExit``, so SGLang's plugin
     loader, which logs an ``Exception`` and goes on, lets it through)."""
-
-
-def selected() -> bool:
-    """Whether ``SGLANG_PLATFORM`` selects cpkv (read at every call)."""
-    return os.environ.get("SGLANG_PLATFORM", "") == PLATFORM_NAME
 
 
 def _cpkv_allocator(allocator):
@@ -125,9 +118,14 @@ def prefill_adder_overhead(result, self, *args, **kwargs) -> None:
         self.per_req_token_overhead = allocator.cp_size * allocator.page_size
 
 
-def _is_prefill(args, kwargs) -> bool:
+def _mode(args, kwargs) -> str | None:
+    """``CommonKVManager.__init__``'s ``disaggregation_mode`` (its second argument) as ``"prefill"`` / ``"decode"``."""
     mode = kwargs.get("disaggregation_mode", args[1] if len(args) > 1 else None)
-    return getattr(mode, "value", mode) == "prefill"
+    return getattr(mode, "value", mode)
+
+
+def _is_prefill(args, kwargs) -> bool:
+    return _mode(args, kwargs) == "prefill"
 
 
 def pd_shard_by_cp_rank(self, *args, **kwargs) -> None:
@@ -163,8 +161,7 @@ def pd_every_cp_rank_sends(result, self, *args, **kwargs) -> None:
     """
     if not selected():
         return
-    mode = kwargs.get("disaggregation_mode", args[1] if len(args) > 1 else None)
-    if getattr(mode, "value", mode) == "decode":
+    if _mode(args, kwargs) == "decode":
         self.enable_all_cp_ranks_for_transfer = True
         return
     if _is_prefill(args, kwargs) and self.kv_shard_size > 1:

@@ -71,6 +71,7 @@ class OwnerLaneKVPoolMixin:
         if rows % self.page_size:
             raise ConfigError(f"KV pool size={self.size} is not a multiple of page_size={self.page_size}")
         self.layout = SharedKVLayout(C, self.page_size, rows // self.page_size)
+        self._rows_loc = self._rows_version = self._rows = None  # owned_rows of the latest out_cache_loc
 
     @classmethod
     def for_group(cls, cp_size: int) -> type:
@@ -86,11 +87,20 @@ class OwnerLaneKVPoolMixin:
         skipped) of the tokens on this rank's lane, int64 ``[k]``, and their rows in its buffer,
         ``write_slots``, int64 ``[k]``, all ``< Q * page_size``; on ``loc``'s device.
 
+        Every layer of a forward writes through the same ``out_cache_loc`` tensor: the result for the latest
+        tensor is kept, with a reference to it (so its memory cannot be reused by another tensor), and reused
+        while it is that very tensor, unmodified (``_version``): the translation and its device-to-host sync
+        run once a batch, not once a layer.
+
         Raises: LayoutError for a slot past the group's ``C * Q * page_size``.
         """
-        loc = loc.reshape(-1).to(torch.int64)
-        index = self.layout.owned_mask(loc, self.cp_rank).nonzero().reshape(-1)
-        return index, self.layout.write_slots(loc.index_select(0, index))
+        if self._rows_loc is loc and self._rows_version == loc._version:
+            return self._rows
+        flat = loc.reshape(-1).to(torch.int64)
+        index = self.layout.owned_mask(flat, self.cp_rank).nonzero().reshape(-1)
+        self._rows = (index, self.layout.write_slots(flat.index_select(0, index)))
+        self._rows_loc, self._rows_version = loc, loc._version
+        return self._rows
 
     # SGLang's other writers address rows by group slot and move rows between slots that may lie on other
     # ranks (retraction offload re-allocates, speculative moves): refused at C > 1, never written past the

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from array import array
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -192,25 +193,18 @@ class Engine:
                     self.finish(req)
 
 
-class _Registry:
-    """A private ``HookRegistry`` (its own hook lists) whose patches ``installed`` undoes after a test."""
-
-    @staticmethod
-    def make():
-        from collections import defaultdict
-
-        from sglang.srt.plugins.hook_registry import HookRegistry
-
-        return type("TestHookRegistry", (HookRegistry,), {"_hooks": defaultdict(list), "_patched": set()})
-
-
-def install(register) -> callable:
-    """Apply ``register(registry)``'s hooks (and the HiCache CPU stand-ins); returns the undo."""
+def install(register) -> Callable[[], None]:
+    """Apply ``register(registry)``'s hooks on a private ``HookRegistry`` subclass (its own hook lists, so
+    SGLang's global registry is untouched) and the HiCache CPU stand-ins; returns the undo, which puts
+    back the attributes the hooks replaced. ``register`` returns the dotted targets it registered."""
     import pkgutil
+    from collections import defaultdict
+
+    from sglang.srt.plugins.hook_registry import HookRegistry
 
     from cpkv.integrations.sglang_hicache_cpu import install_hicache_cpu_standins
 
-    registry = _Registry.make()
+    registry = type("TestHookRegistry", (HookRegistry,), {"_hooks": defaultdict(list), "_patched": set()})
     targets = register(registry)
     saved = []
     for target in targets:

@@ -1,11 +1,12 @@
 """Producer and consumer of an SGLang HiCache L3 round trip with cpkv's allocator (test_sglang_l3.py).
 
-``produce`` (in the test process) prefills a prefix, evicts it (write-back to host, then SGLang stores
-the host pages in L3 under keys carrying their owner lanes) and returns the prefix's tokens and lanes.
-``consume`` runs in a fresh process (``python l3_roundtrip.py consume JOBS_JSON``; each job a new cache and
-a new allocator, nothing on device or host) that prefetches the prefix from L3, loads it back and
-reports the lanes its pages landed on, whether every K/V row equals the producer's, and the hook
-counters (one JSON line, a result per job).
+Each runs in a process of its own, ``python l3_roundtrip.py produce|consume JOBS_JSON`` (a job: backend,
+cp_size, policy; the consumer's also the tokens), and prints one JSON line, a result per job; the producer
+has exited before the consumer starts, so L3 is all they share. ``produce`` prefills a prefix after
+another request, evicts everything (write-back to host; SGLang then stores the host pages in L3 under keys
+carrying their owner lanes) and reports the prefix's tokens and lanes. ``consume`` builds a new cache and
+a new allocator per job (nothing on device or host), prefetches the prefix from L3, loads it back and
+reports the lanes its pages landed on, whether every K/V row equals the producer's, and the hook counters.
 
 Backends: ``file`` (``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``, layer-first host layout) and
 ``mooncake`` (the ``MOONCAKE_*`` environment, ``page_first_direct``: SGLang's Mooncake backend refuses a
@@ -115,11 +116,15 @@ if __name__ == "__main__":
 
     from cpkv.integrations import sglang_hicache
 
-    jobs = json.loads(sys.argv[2])  # [{"backend", "cp_size", "policy", "tokens"}], each a new cache
-    # cpkv selected for its hooks. Set after SGLang resolved its platform: the jobs build cpkv's allocator
-    # for their own C (a launch would set CPKV_CP_SIZE too, and SGLang's platform hook would build it).
+    role, jobs = sys.argv[1], json.loads(sys.argv[2])
+    # cpkv selected for its hooks. Set after SGLang resolved its platform: each job builds cpkv's allocator
+    # for its own C (a launch would set CPKV_CP_SIZE too, and SGLang's platform hook would build it).
     os.environ["SGLANG_PLATFORM"] = "cpkv"
     install(sglang_hicache.register)
-    results = [consume(j["backend"], j["cp_size"], j["policy"], j["tokens"]) for j in jobs]
+    with contextlib.ExitStack() as stack:
+        if role == "produce":
+            results = [produce(j["backend"], j["cp_size"], j["policy"], stack) for j in jobs]
+        else:
+            results = [consume(j["backend"], j["cp_size"], j["policy"], j["tokens"]) for j in jobs]
     print("L3RESULT " + json.dumps(results), flush=True)
-    os._exit(0)  # storage threads and Mooncake's client do not join; the result is out
+    os._exit(0)  # SGLang's storage threads do not join; the result is out

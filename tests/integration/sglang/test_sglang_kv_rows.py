@@ -219,3 +219,18 @@ def test_sglangs_slot_moving_writers_are_refused_at_cp_size_above_1():
     one.v_buffer[1].zero_()
     one.load_cpu_copy(saved, loc)
     assert torch.equal(one.k_buffer[1][4:8], k) and torch.equal(one.v_buffer[1][4:8], k + 1)
+
+
+def test_the_write_plan_is_computed_once_a_batch_and_again_when_out_cache_loc_changes():
+    """Every layer writes through the same out_cache_loc: one translation a batch; a new batch (or the same
+    tensor written in place) is translated again."""
+    loc, owners = batch(4)
+    (pool,) = mha_pools(4)[1:2]
+    first = pool.owned_rows(loc)
+    assert pool.owned_rows(loc) is first
+    assert first[0].tolist() == [i for i, o in enumerate(owners) if o == 1]
+    moved = loc.clone()
+    assert pool.owned_rows(moved) is not first and torch.equal(pool.owned_rows(moved)[1], first[1])
+    moved.copy_(torch.flip(loc, [0]))  # same storage, new contents
+    index, rows = pool.owned_rows(moved)
+    assert index.tolist() == [39 - i for i in reversed(first[0].tolist())] and torch.equal(rows, first[1].flip(0))
