@@ -90,6 +90,31 @@ cp_size = 2
     assert [r["cp_size"] for r in kept] == [2, 4]  # another value excludes nothing
 
 
+def test_an_unnamed_pages_per_lane_compares_the_pool_auto_derives(tmp_path):
+    """docs/sweep.md: with ``pages_per_lane`` not named, a rule compares the pool ``"auto"`` derives for the
+    point (3,767 at C=8 on the default H200 / DeepSeek-V3.2; 16,384 at C=4, where the model does not fit),
+    not the old 16,384 default."""
+    COST.require()
+    text = """[workload]
+trace = "TRACE"
+max_requests = 4
+
+[grid]
+cp_size = [4, 8]
+policy = "rotation"
+
+[[exclude]]
+cp_size = 8
+pages_per_lane = PAGES
+"""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [0]}\n')
+    text = text.replace("TRACE", str(trace))
+    kept = plan_sweep(read_grid(_grid(tmp_path, text.replace("PAGES", "16384")))).rows
+    assert [(r["cp_size"], r["pages_per_lane"]) for r in kept] == [(4, 16384), (8, 3767)]  # excludes nothing
+    kept = plan_sweep(read_grid(_grid(tmp_path, text.replace("PAGES", "3767")))).rows
+    assert [(r["cp_size"], r["pages_per_lane"]) for r in kept] == [(4, 16384)]
+
 def test_the_grid_size_is_checked_before_anything_is_built(tmp_path, capsys):
     lists = "\n".join(f"{k} = [{', '.join(str(v) for v in range(1, n + 1))}]"
                       for k, n in (("page_size", 1000), ("pages_per_lane", 1000), ("seed", 730)))  # fmt: skip
