@@ -115,6 +115,7 @@ pages_per_lane = PAGES
     kept = plan_sweep(read_grid(_grid(tmp_path, text.replace("PAGES", "3767")))).rows
     assert [(r["cp_size"], r["pages_per_lane"]) for r in kept] == [(4, 16384)]
 
+
 def test_the_grid_size_is_checked_before_anything_is_built(tmp_path, capsys):
     lists = "\n".join(f"{k} = [{', '.join(str(v) for v in range(1, n + 1))}]"
                       for k, n in (("page_size", 1000), ("pages_per_lane", 1000), ("seed", 730)))  # fmt: skip
