@@ -87,7 +87,7 @@ def simulate(**options) -> None:
     be written at the end is named on one line after the table (exit 2).
 
     Times are H200 milliseconds of DeepSeek-V3.2 on SGLang by default (--cost-model measured, the `cost`
-    extra: pip install 'cpkv[cost]'); docs/cost-model.md says what they hold.
+    extra: pip install '.[cost]' in a cpkv checkout); docs/cost-model.md says what they hold.
     """
     from ..sim.config import check_designs, check_policies, check_strategies
     from ..sim.report import prepare_out_dir

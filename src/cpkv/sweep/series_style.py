@@ -103,7 +103,8 @@ def series_styles(designs: Sequence[tuple]) -> dict[tuple, Style]:
     out = {}
     for d, (fam, rest, c) in split.items():
         i, j = families.index(fam), rests.index(rest)
-        out[d] = Style(colour=palette[fam][j], marker=MARKERS[sizes.index(c) % len(MARKERS)] if c is not None else MARKERS[0],
+        marker = MARKERS[sizes.index(c) % len(MARKERS)] if c is not None else MARKERS[0]
+        out[d] = Style(colour=palette[fam][j], marker=marker,
                        size=9.0 - 1.5 * (i % 4), family=label(fam), shade=label(rest),
                        marker_label=f"{MARKER_KEY}={c}" if c is not None else "", family_colour=base[fam],
                        shade_index=j, shade_count=len(rests))  # fmt: skip

@@ -15,7 +15,8 @@ from cpkv.sweep.series_style import MARKERS, legend_handles, series_styles, shad
 pytestmark = pytest.mark.unit
 
 VARIED = ["cp_size", "pages_per_lane", "policy", "kv_storage", "groups"]
-FAMILIES = [("rotation", "owner-lane"), ("legacy", "owner-lane"), ("balanced", "owner-lane"), ("rotation", "replicated")]
+FAMILIES = [("rotation", "owner-lane"), ("legacy", "owner-lane"), ("balanced", "owner-lane"),
+            ("rotation", "replicated")]
 
 
 def _rows():
