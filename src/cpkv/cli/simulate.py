@@ -143,7 +143,8 @@ def livelock_line(label: str, finding: dict) -> str:
     free, lane = finding["free_pages_per_lane"], finding["lane"]
     others = [f for i, f in enumerate(free) if i != lane] or [0]
     rest = f"{min(others):,}" if min(others) == max(others) else f"{min(others):,} to {max(others):,}"
-    where = (f"lane {lane} has {free[lane]:,} free pages, the other lanes {rest} each" if 0 <= lane < len(free) > 1
+    named = len(free) > 1 and 0 <= lane < len(free)  # lane -1: no lane was short
+    where = (f"lane {lane} has {free[lane]:,} free pages, the other lanes {rest} each" if named
              else f"free pages per lane {min(free):,} to {max(free):,}")  # fmt: skip
     return (f"{label}: livelock after {finding['stalled_steps']:,} steps without progress: {where}; "
             f"{finding['blocked_count']:,} admitted requests wait (report.json: policies.{label}.livelock)")

@@ -112,8 +112,9 @@ def series_styles(designs: Sequence[tuple]) -> dict[tuple, Style]:
 
 
 def legend_handles(styles: dict[tuple, Style]) -> tuple[list, str]:
-    """Legend entries for ``styles`` and the legend's title: one line per family (its base colour), one grey
-    line per shade when there are several (light to dark, as in every family), one black marker per
+    """Legend entries for ``styles`` and the legend's title: one line per family (its base colour), one line
+    per shade when there are several (light to dark, grey when there are several families, else the family's
+    own shades), one black marker per
     ``cp_size``; the title says what colour, shade and marker stand for (e.g. ``colour: kv_storage, policy |
     shade: pages_per_lane | marker: cp_size``). Families, shades and markers a figure does not vary get no
     entry."""
@@ -127,8 +128,8 @@ def legend_handles(styles: dict[tuple, Style]) -> tuple[list, str]:
     if len(fams) > 1:
         handles += [Line2D([], [], color=c, lw=2.5, label=f or "-") for f, c in sorted(fams.items())]
         title.append(f"colour: {', '.join(k for k in FAMILY_KEYS if any(f'{k}=' in f for f in fams))}")
-    if len(rests) > 1:
-        greys = shades((0.45, 0.45, 0.45), values[0].shade_count)
+    if len(rests) > 1:  # grey shades for several families; the one family's own shades for one
+        greys = shades((0.45, 0.45, 0.45) if len(fams) > 1 else values[0].family_colour, values[0].shade_count)
         handles += [Line2D([], [], color=greys[j], lw=2.5, label=rests[j]) for j in sorted(rests)]
         title.append(f"shade: {', '.join(dict.fromkeys(p.split('=')[0] for r in rests.values() for p in r.split()))}")
     if len(marks) > 1:

@@ -47,3 +47,16 @@ def test_a_run_that_fails_on_its_output_prints_no_load_first(tmp_path, capsys, m
                  "--out", str(tmp_path / "o")]) == 2  # fmt: skip
     err = capsys.readouterr()
     assert err.out == "" and err.err.count("\n") == 1 and "No space left on device" in err.err
+
+
+@pytest.mark.parametrize(("free", "lane", "where"), [
+    ([0, 7, 9, 9], 0, "lane 0 has 0 free pages, the other lanes 7 to 9 each"),
+    ([3, 5], -1, "free pages per lane 3 to 5"),  # no lane was short
+    ([0], 0, "free pages per lane 0 to 0"),  # one lane: no others to name
+])  # fmt: skip
+def test_livelock_line_names_the_lane_when_there_is_one(free, lane, where):
+    from cpkv.cli.simulate import livelock_line
+
+    finding = {"free_pages_per_lane": free, "lane": lane, "stalled_steps": 1000, "blocked_count": 2}
+    assert livelock_line("x", finding) == (f"x: livelock after 1,000 steps without progress: {where}; 2 admitted "
+                                           "requests wait (report.json: policies.x.livelock)")  # fmt: skip

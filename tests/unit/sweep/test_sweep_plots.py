@@ -103,3 +103,12 @@ def test_hit_rate_draws_replicated_once_with_its_legend_outside(figures):
     fig.canvas.draw()
     right = max(ax.get_window_extent().x1 for ax in panels)
     assert legend.get_window_extent().x0 >= right  # beside the panels, not over one
+
+
+def test_one_family_shows_its_own_shades():
+    designs = [(("chunk_size", 2048),), (("chunk_size", 8192),), (("chunk_size", 4096),)]
+    styles = series_styles(designs)
+    handles, title = legend_handles(styles)
+    assert [h.get_label() for h in handles] == ["chunk_size=2048", "chunk_size=4096", "chunk_size=8192"]
+    assert [h.get_color() for h in handles] == [styles[d].colour for d in sorted(designs)]  # light to dark
+    assert title == "shade: chunk_size"
