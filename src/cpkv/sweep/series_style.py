@@ -113,11 +113,10 @@ def series_styles(designs: Sequence[tuple]) -> dict[tuple, Style]:
 
 def legend_handles(styles: dict[tuple, Style]) -> tuple[list, str]:
     """Legend entries for ``styles`` and the legend's title: one line per family (its base colour), one line
-    per shade when there are several (light to dark, grey when there are several families, else the family's
-    own shades), one black marker per
-    ``cp_size``; the title says what colour, shade and marker stand for (e.g. ``colour: kv_storage, policy |
-    shade: pages_per_lane | marker: cp_size``). Families, shades and markers a figure does not vary get no
-    entry."""
+    per shade when there are several (light to dark; grey when there are several families, else the family's
+    own shades), one black marker per ``cp_size``; the title says what colour, shade and marker stand for
+    (e.g. ``colour: kv_storage, policy | shade: pages_per_lane | marker: cp_size``). What a figure does not
+    vary gets no entry: ``([], "")`` for a single series."""
     from matplotlib.lines import Line2D
 
     values = list(styles.values())
