@@ -41,8 +41,16 @@ $(BIN)/cpkv: pyproject.toml
 
 install: $(BIN)/cpkv
 
+# Two replays: the synthetic workload (first, the offered load against one group's capacity, then the policies
+# side by side), and a burst of tiny chunks where the owner policies differ (legacy livelocks on lane 0).
 demo: install
+	@echo "Each CP rank owns the KV pages of the tokens it computes (its owner lane); an owner policy picks the lane"
+	@echo "a request's first new page goes to. 1) 1,000 synthetic requests, one C=8 group, three policies:"
 	$(BIN)/cpkv simulate --out out/demo
+	@echo
+	@echo "2) 64 requests at once, each prefilled one page (64 tokens) a step: legacy starts every request on lane 0,"
+	@echo "   which fills while the other lanes stay empty (a livelock); rotation and balanced spread the pages:"
+	$(BIN)/cpkv simulate --workload tiny-chunks --out out/demo/tiny-chunks
 
 test: install
 	$(BIN)/ruff check src tests benchmarks examples

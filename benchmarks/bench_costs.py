@@ -31,7 +31,7 @@ def main() -> None:
     try:
         from aiconfigurator_core.sdk.engine import EngineHandle
     except ImportError:
-        print("skipped: aiconfigurator is not importable (pip install 'cpkv[cost]')")
+        print("skipped: aiconfigurator is not importable (pip install '.[cost]' in a cpkv checkout)")
         return
     from cpkv.config import CPConfig
     from cpkv.cost import BREAKDOWN, MeasuredCost, MeasuredSpec

@@ -74,7 +74,7 @@ def main() -> None:
     try:
         import aiconfigurator_core  # noqa: F401
     except ImportError:
-        print("skipped: aiconfigurator is not importable (pip install 'cpkv[cost]')")
+        print("skipped: aiconfigurator is not importable (pip install '.[cost]' in a cpkv checkout)")
         return
     from cpkv.cost.coverage import ERROR_BAND
 

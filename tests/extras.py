@@ -24,8 +24,9 @@ class OptionalExtra:
         if self.installed:
             return
         if self.required:
-            pytest.fail(f"{self.env}=1 but {self.what} is not installed (pip install 'cpkv[{self.extra}]')")
-        pytest.skip(f"{self.skip}: pip install 'cpkv[{self.extra}]'")
+            pytest.fail(f"{self.env}=1 but {self.what} is not installed "
+                        f"(pip install '.[{self.extra}]' in a cpkv checkout)")
+        pytest.skip(f"{self.skip}: pip install '.[{self.extra}]' in a cpkv checkout")
 
 
 COST = OptionalExtra("aiconfigurator_core", "CPKV_REQUIRE_COST", "cost", "aiconfigurator",

@@ -86,5 +86,5 @@ class KernelVersionError(CpkvError, RuntimeError):
     """The kernel stack is missing or too old (SPEC C-KERNEL, ``require_kernel_version``).
 
     One message names the Triton version found and required and cpkv's kernel ABI found and required, and
-    the way out (``pip install 'cpkv[gpu]'``, or ``CPKV_KERNELS=off`` for the numpy/torch path).
+    the way out (``pip install '.[gpu]'`` in a cpkv checkout, or ``CPKV_KERNELS=off`` for the numpy/torch path).
     """

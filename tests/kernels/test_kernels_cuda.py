@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.clause("C-KERNEL"),
     pytest.mark.timeout(600),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton: pip install 'cpkv[gpu]'"),
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton: pip install '.[gpu]' (a cpkv checkout)"),
 ]
 
 GPU_CP_SIZES = st.sampled_from([1, 2, 8, 16])

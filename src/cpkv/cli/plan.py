@@ -14,7 +14,8 @@ from .options import FilePath, InputError
 
 
 @click.command()
-@click.option("--prefix-len", type=int, multiple=True, help="Tokens already cached; repeat once per request.")
+@click.option("--prefix-len", type=int, multiple=True,
+              help="Tokens already cached; repeat once per request [0 for every request when not given].")
 @click.option("--extend-len", type=int, multiple=True, help="New tokens; repeat once per request.")
 @click.option("--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P).")
 @click.option("--cp-size", type=int, default=SimConfig.cp_size, show_default=True,
@@ -50,6 +51,8 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
         prefix_len, extend_len, head_owner = read_batch_file(batch)
     if not prefix_len and not extend_len:
         raise InputError("give at least one request (--prefix-len N --extend-len M, or --batch FILE)")
+    if extend_len and not prefix_len and batch is None:
+        prefix_len = [0] * len(extend_len)  # nothing cached: `cpkv plan --extend-len 64` plans a fresh prompt
     if len(prefix_len) != len(extend_len):
         raise InputError(f"give one --prefix-len per --extend-len (got {len(prefix_len)} and {len(extend_len)})")
     if head_owner and len(head_owner) != len(extend_len):

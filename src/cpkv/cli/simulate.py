@@ -87,9 +87,10 @@ def simulate(**options) -> None:
     be written at the end is named on one line after the table (exit 2).
 
     Times are H200 milliseconds of DeepSeek-V3.2 on SGLang by default (--cost-model measured, the `cost`
-    extra: pip install 'cpkv[cost]'); docs/cost-model.md says what they hold.
+    extra: pip install '.[cost]' in a cpkv checkout); docs/cost-model.md says what they hold.
     """
     from ..sim.config import check_designs, check_policies, check_strategies
+    from ..sim.report import prepare_out_dir
     from ..sim.runner import SimulationInterrupted
     from ..sim.runner import simulate as run_simulation
 
@@ -110,13 +111,43 @@ def simulate(**options) -> None:
     if hint:
         click.echo(f"cpkv: note: {hint}", err=True)
     policies = check_policies(list(options["policies"]))
+    designs, strategies = check_designs(list(options[STORAGE_OPTION])), check_strategies(list(options[STRATEGY_OPTION]))
+    lines = load_summary(config, spec.requests)
+    prepare_out_dir(out_dir)  # as the replay does first: an output that fails prints nothing before its error
+    click.echo("\n".join(lines))
     try:
-        result = run_simulation(config, spec, policies, kv_storage=check_designs(list(options[STORAGE_OPTION])),
-                                cp_strategies=check_strategies(list(options[STRATEGY_OPTION])), out_dir=out_dir,
+        result = run_simulation(config, spec, policies, kv_storage=designs, cp_strategies=strategies, out_dir=out_dir,
                                 progress=not no_progress)  # fmt: skip
     except SimulationInterrupted as e:
         raise click.exceptions.Abort(interrupted_line(e, out_dir)) from None  # main prints it on one line
+    for r in result.results:
+        if r.metrics.get("livelock"):
+            click.echo(livelock_line(r.policy, r.metrics["livelock"]))
     click.echo(f"wrote {', '.join(str(p) for p in result.paths)}")
+
+
+def load_summary(config: SimConfig, requests) -> list[str]:
+    """The lines ``simulate`` prints before its replay: the offered prefill load of ``requests`` against one
+    group's capacity under the run's cost model and what it means for TTFT (``sim.load``)."""
+    from ..sim.cost import step_cost
+    from ..sim.load import load_lines, offered_load
+
+    cost = step_cost(config)  # the measured tables are kept for the replay (cost.aic.price_tables)
+    priced_by = "illustrative constants" if config.measured is None else f"measured {config.measured.gpu}"
+    return load_lines(offered_load(config, requests, cost), config, priced_by)
+
+
+def livelock_line(label: str, finding: dict) -> str:
+    """One line after the table for a replay that stopped in a livelock (``finding``: its report.json
+    ``livelock``): the lane that ran out, the free pages of the others, the requests waiting on it."""
+    free, lane = finding["free_pages_per_lane"], finding["lane"]
+    others = [f for i, f in enumerate(free) if i != lane] or [0]
+    rest = f"{min(others):,}" if min(others) == max(others) else f"{min(others):,} to {max(others):,}"
+    named = len(free) > 1 and 0 <= lane < len(free)  # lane -1: no lane was short
+    where = (f"lane {lane} has {free[lane]:,} free pages, the other lanes {rest} each" if named
+             else f"free pages per lane {min(free):,} to {max(free):,}")  # fmt: skip
+    return (f"{label}: livelock after {finding['stalled_steps']:,} steps without progress: {where}; "
+            f"{finding['blocked_count']:,} admitted requests wait (report.json: policies.{label}.livelock)")
 
 
 # ------------------------------------------------------------ from options to a replay (simulate, sweep)

@@ -2,7 +2,7 @@
 
 ``MeasuredCost.load(MeasuredSpec(), cp_size)`` prices each rank's work in a step from its own plan with
 aiconfigurator's H200 / DeepSeek-V3.2 / SGLang measurements (the optional ``cost`` extra:
-``pip install 'cpkv[cost]'``); ``.comm`` (``CommCost``) prices collectives and remote reads for other
+``pip install '.[cost]'`` in a cpkv checkout); ``.comm`` (``CommCost``) prices collectives and remote reads for other
 models of the step (``allgather_ms``, ``reduce_scatter_ms``, ``allreduce_ms``, ``remote_read_ms``,
 ``p2p_ms``). See docs/cost-model.md. Names load on first use; aiconfigurator only when tables are built.
 """

@@ -54,7 +54,8 @@ def load_aiconfigurator():
     except ImportError as e:
         raise CostExtraMissing(
             f"the measured cost model needs aiconfigurator ({e.name or 'aiconfigurator_core'} is not "
-            f"installed): pip install 'cpkv[{EXTRA}]', or use the illustrative model (--cost-model illustrative)"
+            f"installed): pip install '.[{EXTRA}]' in a cpkv checkout, or use the illustrative model "
+            "(--cost-model illustrative)"
         ) from None
 
 

@@ -64,7 +64,7 @@ class MeasuredCost:
         """The model of ``spec`` for a group of ``cp_size`` GPUs (tables sampled once per process).
 
         Raises:
-            CostExtraMissing: aiconfigurator is not installed (``pip install 'cpkv[cost]'``).
+            CostExtraMissing: aiconfigurator is not installed (``pip install '.[cost]'`` in a cpkv checkout).
             CostModelError: aiconfigurator cannot price ``spec`` at this ``cp_size``.
         """
         from .aic import price_tables

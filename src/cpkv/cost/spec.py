@@ -10,7 +10,7 @@ DEFAULT_GPU = "h200_sxm"
 DEFAULT_MODEL = "deepseek-ai/DeepSeek-V3.2"
 DEFAULT_BACKEND = "sglang"
 EXTRA = "cost"
-"""The optional dependency group that installs aiconfigurator (``pip install 'cpkv[cost]'``)."""
+"""The optional dependency group that installs aiconfigurator (``pip install '.[cost]'`` in a cpkv checkout)."""
 
 
 class CostModelError(CpkvError, ValueError):

@@ -28,8 +28,8 @@ bound into a one-element array, which numpy 2.4 no longer converts to an int (wi
 work, from ``TRITON_MINIMUM`` on)."""
 
 _INSTALL_HINT = (
-    "install the kernel stack with `pip install 'cpkv[gpu]'` (Triton), or set CPKV_KERNELS=off to use the "
-    "numpy/torch path"
+    "install the kernel stack with `pip install '.[gpu]'` in a cpkv checkout (Triton), or set CPKV_KERNELS=off "
+    "to use the numpy/torch path"
 )
 
 

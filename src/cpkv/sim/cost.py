@@ -59,7 +59,7 @@ def step_cost(config: SimConfig):
     """The ``StepCost`` of ``config``: ``IllustrativeCost`` unless ``config.measured`` names measurements.
 
     Raises:
-        CostExtraMissing: measured, and aiconfigurator is not installed (``pip install 'cpkv[cost]'``).
+        CostExtraMissing: measured, and aiconfigurator is not installed (``pip install '.[cost]'`` in a cpkv checkout).
         CostModelError: measured, and aiconfigurator cannot price the group.
     """
     if config.measured is None:

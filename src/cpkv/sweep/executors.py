@@ -57,7 +57,8 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise InputError("--executor ray needs Ray: pip install 'cpkv[ray]' (or use --executor local)") from None
+        raise InputError("--executor ray needs Ray: pip install '.[ray]' in a cpkv checkout "
+                         "(or use --executor local)") from None
     return ray
 
 

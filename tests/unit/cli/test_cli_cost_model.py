@@ -35,7 +35,7 @@ def test_missing_extra_is_one_error_line_naming_it(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("cpkv: error: the measured cost model needs aiconfigurator")
-    assert "pip install 'cpkv[cost]'" in proc.stderr and "--cost-model illustrative" in proc.stderr
+    assert "pip install '.[cost]' in a cpkv checkout" in proc.stderr and "--cost-model illustrative" in proc.stderr
     assert not out.exists()  # failed before any replay or write
     # the illustrative model needs no extra
     ok = subprocess.run([sys.executable, "-c", _NO_AIC, *SMALL, "--cost-model", "illustrative", "--out", str(out)],

@@ -194,7 +194,8 @@ def test_ray_missing_is_one_error_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     assert _sweep(_grid(tmp_path), tmp_path / "out", "--executor", "ray") == 2
     err = capsys.readouterr().err
-    assert err == "cpkv: error: --executor ray needs Ray: pip install 'cpkv[ray]' (or use --executor local)\n"
+    assert err == ("cpkv: error: --executor ray needs Ray: pip install '.[ray]' in a cpkv checkout "
+                   "(or use --executor local)\n")
     assert not (tmp_path / "out").exists()  # before any work
 
 
