@@ -183,7 +183,11 @@ def read_grid(path: Path, max_points: int = MAX_POINTS) -> Grid:
         if not rule:
             raise GridError(f"{where} [[exclude]] #{n} is empty (it would exclude every point)")
         excludes.append({k: tuple(_values(k, rule[k], f"{where} [[exclude]] #{n} {k}")[1]) for k in rule})
-    parsed = Grid(Path(path), text, workload, axes, given, tuple(excludes), _target(doc.get("target"), where), search)
+    target = _target(doc.get("target"), where)
+    if target and "ttft_slo_ms" not in axes and any(m == "slo_attainment" for m, _, _ in target.conditions):
+        raise GridError(f"{where} target {target.text!r} needs ttft_slo_ms in [grid] (ms, as --ttft-slo-ms): "
+                        "without it slo_attainment is null and no point meets the target")  # fmt: skip
+    parsed = Grid(Path(path), text, workload, axes, given, tuple(excludes), target, search)
     if not parsed.points():
         raise GridError(f"{where} the [[exclude]] rules exclude every point of the grid")
     return parsed

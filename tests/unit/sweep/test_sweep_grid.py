@@ -136,6 +136,8 @@ def test_target_conditions(tmp_path):
     assert not grid.target.holds({"ttft_ms_p99": 2000.5, "gpus": 8})
     assert not grid.target.holds({"ttft_ms_p99": 10.0, "gpus": 16})
     assert not grid.target.holds({"ttft_ms_p99": None, "gpus": 8})  # no finished request meets no bound
+    slo = read_grid(_grid(tmp_path, "[grid]\nttft_slo_ms = 500\n", head='target = "slo_attainment >= 0.9"\n'))
+    assert slo.target.text == "slo_attainment >= 0.9" and slo.axes["ttft_slo_ms"] == (500.0,)
 
 
 BAD = [
@@ -158,6 +160,8 @@ BAD = [
     ("[grid]\ncp_size = 2\n", 'target = "ttft_ms_p99 below 2"\n', "is not 'metric op number'"),
     ("[grid]\ncp_size = 2\n", 'target = "lane_pages_peak <= 2"\n', "'lane_pages_peak' is not a numeric metric"),
     ("[grid]\ncp_size = 2\n", 'targets = "gpus <= 2"\n', "unknown top-level key 'targets'"),
+    ("[grid]\ncp_size = 2\n", 'target = "slo_attainment >= 0.9"\n',
+     "target 'slo_attainment >= 0.9' needs ttft_slo_ms in [grid] (ms, as --ttft-slo-ms)"),
 ]  # fmt: skip
 
 
