@@ -23,6 +23,10 @@ plan gives it (one device-to-host copy of ``out_cache_loc`` per prefill forward)
 - a plan that is not this batch's, a pool without cpkv's allocator (e.g. a draft model's own pool), or
   SGLang's ``interleave`` CP strategy (cpkv's plans are zigzag, C-ZIGZAG): ``ConfigError``.
 
+Head tokens come from a chunk cut inside a page: ``page_aligned_chunk`` (AROUND
+``PrefillAdder.floor_chunked_tokens``) rounds SGLang's continuing-chunk cuts down to whole pages under cpkv,
+so only a cut under one page (or gfx95's exact chunk fill) still reaches that refusal.
+
 Passes through when cpkv is not selected or the metadata is already set. Imports no sglang at import
 time.
 """
@@ -38,6 +42,9 @@ from .sglang_checks import selected
 
 TARGET = "sglang.srt.layers.cp.utils.prepare_cp_forward"
 """The SGLang function ``prepare_cp_metadata`` wraps (AROUND)."""
+
+CHUNK_TARGET = "sglang.srt.managers.schedule_policy.PrefillAdder.floor_chunked_tokens"
+"""The SGLang method ``page_aligned_chunk`` wraps (AROUND): chunk cuts on page ends."""
 
 POOL_ATTRIBUTE = "owner_lane_allocator"
 """The attribute cpkv's allocator sets on the KV pool it is built with (its way back to the plan)."""
@@ -146,10 +153,29 @@ def prepare_cp_metadata(original, forward_batch, *args, **kwargs):
     return original(forward_batch, *args, **kwargs)
 
 
+def page_aligned_chunk(original, self, trunc_len: int, remaining: int) -> int:
+    """AROUND ``PrefillAdder.floor_chunked_tokens`` (the length of a chunk SGLang cuts from a request's
+    remaining ``remaining`` tokens: a continuing chunk, ``add_chunked_req``, and the ignore-eos path): under
+    cpkv at C > 1 a cut (``< remaining``) is rounded down to whole pages, so the next chunk's prefix ends on
+    a page and has no head tokens; a cut under one page is left as SGLang makes it (no progress would be
+    worse; that chunk's successor then stops in ``prepare_cp_metadata``). SGLang's first-chunk admission
+    already cuts at a page end; its own sharding aligns continuing chunks the same way (``kv_shard_granule``)."""
+    out = original(self, trunc_len, remaining)
+    allocator = getattr(self, "token_to_kv_pool_allocator", None)
+    if not selected() or getattr(allocator, "cp_size", 1) <= 1 or out >= remaining:
+        return out
+    from .sglang import OwnerLaneTokenToKVPoolAllocator
+
+    if not isinstance(allocator, OwnerLaneTokenToKVPoolAllocator):
+        return out
+    P = allocator.page_size
+    return out // P * P or out
+
+
 def hooks() -> list[tuple[str, object, str]]:
     """``(target, hook, kind)`` of this module, in ``sglang_hooks.hooks``' format."""
-    return [(TARGET, prepare_cp_metadata, "AROUND")]
+    return [(TARGET, prepare_cp_metadata, "AROUND"), (CHUNK_TARGET, page_aligned_chunk, "AROUND")]
 
 
-__all__ = ["POOL_ATTRIBUTE", "TARGET", "batch_allocator", "check_plan_is_batch", "cp_metadata", "hooks",
-           "prepare_cp_metadata"]  # fmt: skip
+__all__ = ["CHUNK_TARGET", "POOL_ATTRIBUTE", "TARGET", "batch_allocator", "check_plan_is_batch", "cp_metadata",
+           "hooks", "page_aligned_chunk", "prepare_cp_metadata"]  # fmt: skip

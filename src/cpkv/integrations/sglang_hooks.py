@@ -26,7 +26,8 @@ target                                                        kind    what it do
 
 ``sglang_cp_split.prepare_cp_metadata``, AROUND ``layers.cp.utils.prepare_cp_forward``: a CP prefill's
 ``attn_cp_metadata`` is cpkv's split from the allocator's ``last_plan`` (each rank computes the tokens of its
-own pages, C-OWNER-EQ-COMPUTE; head tokens and a plan that is not the batch's refused with one line);
+own pages, C-OWNER-EQ-COMPUTE; head tokens and a plan that is not the batch's refused with one line) and
+``sglang_cp_split.page_aligned_chunk``, AROUND ``PrefillAdder.floor_chunked_tokens`` (chunk cuts on page ends);
 and ``sglang_hicache``'s hooks on ``HybridCacheController`` / ``UnifiedRadixCache`` (``hooks()`` lists them
 too, registered and checked the same way): HiCache write-back records each page's owner lane, load-back
 allocates on it (or counts the failure and recomputes), L3 keys carry it.

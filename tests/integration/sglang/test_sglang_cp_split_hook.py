@@ -212,3 +212,32 @@ def test_interleave_strategy_or_an_unlinked_pool_stops_with_one_line(C, cpkv_cp)
     cpkv_cp(C, InterleaveCPStrategy)
     with pytest.raises(ConfigError, match="cp_strategy is 'interleave'"):
         prepare(C, 0, pool, forward_batch(b["prefix"], b["ext"], b["loc"]))
+
+
+@pytest.mark.clause("C-HEAD")
+@pytest.mark.parametrize("C", CP_SIZES)
+def test_sglangs_chunk_cuts_land_on_page_ends_so_the_next_chunk_has_no_head_tokens(C, cpkv_cp, monkeypatch):
+    """SGLang's ``PrefillAdder.floor_chunked_tokens`` (hooked) on cpkv's allocator: a cut of 4P+3 tokens
+    becomes 4P, and the request's next chunk then plans and splits (prefix on a page end); SGLang's own
+    cut (SGLANG_PLATFORM unset) would give that chunk head tokens, which stop the forward. A cut under one
+    page and a last chunk (not a cut) are left as SGLang makes them."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    assert hooks.hook_applied(split.CHUNK_TARGET, split.page_aligned_chunk)
+    cpkv_cp(C)
+    P, remaining = 4, 4 * C * 4 + 40
+    alloc, pool = allocator(C, P)
+    tree = RadixCache.create_simulated(mock_allocator=alloc, page_size=P)
+    adder = PrefillAdder(P, tree, alloc, running_batch=types.SimpleNamespace(reqs=[]), new_token_ratio=0.5,
+                         rem_input_tokens=64, rem_chunk_tokens=None)  # fmt: skip
+    cut = adder.floor_chunked_tokens(4 * P + 3, remaining)
+    assert cut == 4 * P
+    assert adder.floor_chunked_tokens(P - 1, remaining) == P - 1 and adder.floor_chunked_tokens(50, 50) == 50
+    first = extend(alloc, [0], [cut], [-1])
+    rest = remaining - cut
+    loc = extend(alloc, [cut], [rest], [int(first[-1])])
+    meta = prepare(C, 0, pool, forward_batch([cut], [rest], loc))
+    assert meta.kv_len_next_list[0] <= remaining and not alloc.last_plan.head_tokens.any()
+    monkeypatch.delenv("SGLANG_PLATFORM")
+    assert adder.floor_chunked_tokens(4 * P + 3, remaining) == 4 * P + 3  # SGLang's own cut: inside a page
