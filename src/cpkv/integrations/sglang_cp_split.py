@@ -88,13 +88,14 @@ def check_plan_is_batch(plan, forward_batch) -> None:
                           f"{prefix.tolist()}, extend_lens {extend.tolist()})")  # fmt: skip
     C, P, N = plan.config.cp_size, plan.config.page_size, int(extend.sum())
     loc = _ints(forward_batch.out_cache_loc[:N].cpu())
+    if loc.shape[0] != N:
+        raise ConfigError(f"cpkv CP prefill: out_cache_loc holds {loc.shape[0]} slots for {N} extend tokens")
     lanes = loc // P % C
     off = np.flatnonzero(lanes != plan.token_owner)
-    if loc.shape[0] != N or off.size:
-        t = int(off[0]) if off.size else loc.shape[0]
+    if off.size:
+        t = int(off[0])
         raise ConfigError(f"cpkv CP prefill: out_cache_loc does not match the allocator's last plan (token {t} of "
-                          f"{N}: slot on lane {lanes[t] if off.size else '-'}, plan's owner "
-                          f"{plan.token_owner[t] if off.size else '-'})")  # fmt: skip
+                          f"{N}: slot on lane {lanes[t]}, plan's owner {plan.token_owner[t]})")  # fmt: skip
 
 
 def cp_metadata(forward_batch, allocator, rank: int):

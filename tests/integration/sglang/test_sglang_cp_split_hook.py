@@ -199,6 +199,9 @@ def test_a_plan_that_is_not_the_batchs_stops_with_one_line(C, cpkv_cp):
     moved = forward_batch(b["prefix"], b["ext"], b["loc"] + P)  # every slot one page on: the next lane
     with pytest.raises(ConfigError, match="out_cache_loc does not match"):
         prepare(C, 0, pool, moved)
+    short = forward_batch(b["prefix"], b["ext"], b["loc"][:-1])
+    with pytest.raises(ConfigError, match=f"out_cache_loc holds {sum(b['ext']) - 1} slots for {sum(b['ext'])}"):
+        prepare(C, 0, pool, short)
 
 
 @pytest.mark.parametrize("C", CP_SIZES)
