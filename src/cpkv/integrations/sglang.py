@@ -41,8 +41,11 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
     Args:
         size: one rank's KV pool in tokens, as SGLang passes it (``max_total_num_tokens``); the pool of
             the group is ``cp_size`` lanes of ``size // page_size + 1`` pages (module docstring).
-        page_size: tokens per page (P >= 1). dtype, kvcache: kept for SGLang (``get_kvcache``, host copies).
+        page_size: tokens per page (P >= 1). dtype: kept for SGLang.
         device: torch device of every returned tensor (``out_cache_loc`` is int64 there).
+        kvcache: kept for SGLang (``get_kvcache``, host copies); when not None it also gets
+            ``kvcache.owner_lane_allocator = self``, so the CP prefill's split hook
+            (``sglang_cp_split``) finds ``last_plan`` from the forward's KV pool.
         need_sort: SGLang's disaggregation flag: freed pages wait, staged, until an allocation runs short,
             then return to their lanes lowest id first (``merge_and_sort_free``).
         cp_size: ranks in the CP group (C >= 1); default ``default_cp_size`` (1, or as ``for_group`` set).
@@ -72,6 +75,8 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         check_int("size", size, self.config.page_size)
         self._last: ExtendAllocation | None = None  # set by clear(), which SGLang's __init__ calls
         super().__init__(size * self.config.cp_size, page_size, dtype, device, kvcache, need_sort)
+        if kvcache is not None:  # the forward's way from its KV pool back to last_plan (sglang_cp_split)
+            kvcache.owner_lane_allocator = self
 
     @classmethod
     def for_group(cls, cp_size: int, owner_policy: str | None = None) -> type:

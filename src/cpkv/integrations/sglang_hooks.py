@@ -24,6 +24,10 @@ target                                                        kind    what it do
                                                                       CP rank
 ============================================================  ======  =================================================
 
+``sglang_cp_split.prepare_cp_metadata``, AROUND ``layers.cp.utils.prepare_cp_forward``: a CP prefill's
+``attn_cp_metadata`` is cpkv's split from the allocator's ``last_plan`` (each rank computes the tokens of its
+own pages, C-OWNER-EQ-COMPUTE; head tokens and a plan that is not the batch's refused with one line) and
+``sglang_cp_split.page_aligned_chunk``, AROUND ``PrefillAdder.floor_chunked_tokens`` (chunk cuts on page ends);
 and ``sglang_hicache``'s hooks on ``HybridCacheController`` / ``UnifiedRadixCache`` (``hooks()`` lists them
 too, registered and checked the same way): HiCache write-back records each page's owner lane, load-back
 allocates on it (or counts the failure and recomputes), L3 keys carry it.
@@ -173,12 +177,15 @@ def pd_every_cp_rank_sends(result, self, *args, **kwargs) -> None:
 # --------------------------------------------------------------------------------------- registration
 def hooks() -> list[tuple[str, object, str]]:
     """``(target, hook, kind)`` for each hook, ``kind`` a ``HookType`` name: the ones above, then
-    ``sglang_hicache``'s (HiCache write-back/load-back and L3 keys on the recorded owner lanes)."""
+    ``sglang_cp_split``'s (the CP prefill's split from cpkv's plan) and ``sglang_hicache``'s (HiCache
+    write-back/load-back and L3 keys on the recorded owner lanes)."""
     kinds = {"widen_scheduler": "BEFORE", "check_full_pool": "AROUND", "prefill_adder_overhead": "AFTER",
              "pd_shard_by_cp_rank": "BEFORE", "pd_every_cp_rank_sends": "AFTER"}  # fmt: skip
+    from .sglang_cp_split import hooks as cp_split_hooks
     from .sglang_hicache import hooks as hicache_hooks
 
-    return [(TARGETS[name], globals()[name], kind) for name, kind in kinds.items()] + hicache_hooks()
+    own = [(TARGETS[name], globals()[name], kind) for name, kind in kinds.items()]
+    return own + cp_split_hooks() + hicache_hooks()
 
 
 def hook_applied(target: str, hook) -> bool:

@@ -41,7 +41,7 @@ from sglang.srt.runtime_context import get_parallel  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 from cpkv import ConfigError  # noqa: E402
-from cpkv.integrations import sglang_hicache  # noqa: E402
+from cpkv.integrations import sglang_cp_split, sglang_hicache  # noqa: E402
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -104,7 +104,9 @@ def test_sglang_platform_unset_changes_nothing_in_a_fresh_interpreter():
 def test_sglang_platform_cpkv_applies_every_hook_in_a_fresh_interpreter():
     got = last_json(start(SGLANG_PLATFORM="cpkv", CPKV_CP_SIZE="4"))
     assert got["hooked"] == got["applied"] == got["wrapped"] == EXPECTED_TARGETS
-    assert len(EXPECTED_TARGETS) == 4 + len(sglang_hicache.HOOK_TARGETS)  # CommonKVManager.__init__ carries two
+    assert sglang_cp_split.TARGET in EXPECTED_TARGETS  # the CP prefill's split from cpkv's plan
+    # CommonKVManager.__init__ carries two
+    assert len(EXPECTED_TARGETS) == 4 + len(sglang_cp_split.hooks()) + len(sglang_hicache.HOOK_TARGETS)
 
 
 def test_a_hook_that_does_not_apply_stops_the_start_with_one_line_naming_it():
