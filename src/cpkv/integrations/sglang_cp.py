@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import check_lane
+from ..config import ZIGZAG, check_lane
 from ..errors import PlanError, UnsupportedPagePlan
 from ..planner import BatchPlan
 from .sglang_cp_rows import (
@@ -192,7 +192,8 @@ def zigzag_metadata(plan: BatchPlan, rank: int, *, device: torch.device | str = 
         ``split_list [2, 1, 1, 1]``, ``zigzag_index [0, 3]``, ``per_rank_actual_token [3, 2]``.
 
     Raises:
-        UnsupportedPagePlan: a request with head tokens (C-HEAD), or owners SGLang's layout cannot express.
+        UnsupportedPagePlan: a request with head tokens (C-HEAD), owners SGLang's layout cannot express, or
+            an ``interleave`` plan (C-INTERLEAVE: ``sglang_cp_interleave.interleave_metadata``).
         PlanError: ``plan`` not a ``BatchPlan``, a length above SGLang's int32 range; ConfigError: a bad rank.
     """
     v = _rank_view(plan, rank)
@@ -277,6 +278,10 @@ def _rank_view(plan: BatchPlan, rank: int) -> _RankView:
     """The plan's zigzag blocks and ``rank``'s share of them (see ``_RankView``); raises as ``zigzag_metadata``."""
     if not isinstance(plan, BatchPlan):
         raise PlanError(f"plan must be a BatchPlan, got {type(plan).__name__}")
+    if plan.config.cp_strategy != ZIGZAG:  # its pages go round robin, not in 2C zigzag blocks
+        raise UnsupportedPagePlan(f"the plan's cp_strategy is {plan.config.cp_strategy!r}: zigzag_metadata and "
+                                  "nsa_metadata describe zigzag plans (C-ZIGZAG); an interleave plan's metadata is "
+                                  "sglang_cp_interleave.interleave_metadata (C-INTERLEAVE)")  # fmt: skip
     C = plan.config.cp_size
     rank = check_lane("rank", rank, C)
     split, owner = _blocks(plan)

@@ -21,7 +21,9 @@ plan gives it (one device-to-host copy of ``out_cache_loc`` per prefill forward)
 - a request whose prefix ends inside a page (head tokens, C-HEAD): ``UnsupportedPagePlan`` naming the
   request's rid, prefix_len and page_size (SGLang's two-block layout has no place for a third block);
 - a plan that is not this batch's, a pool without cpkv's allocator (e.g. a draft model's own pool), or
-  SGLang's ``interleave`` CP strategy (cpkv's plans are zigzag, C-ZIGZAG): ``ConfigError``.
+  SGLang's ``interleave`` CP strategy (the split installed here is zigzag, C-ZIGZAG): ``ConfigError``;
+- an allocator planning under ``CPKV_CP_STRATEGY=interleave`` (C-INTERLEAVE): ``UnsupportedPagePlan`` from
+  ``sglang_cp.zigzag_metadata`` (that split is not installed into SGLang's forward yet).
 
 Head tokens come from a chunk cut inside a page: ``page_aligned_chunk`` (AROUND
 ``PrefillAdder.floor_chunked_tokens``) rounds SGLang's continuing-chunk cuts down to whole pages under cpkv,
