@@ -1,6 +1,7 @@
 """Shared by the differential tests of ``cpkv.integrations.sglang_cp`` against SGLang 0.5.23
 (tests/integration/sglang/) and 0.5.9 (tests/integration/sglang059/): random batches, field comparison,
-and an in-process stand-in for the CP group's all-gather. Imports neither sglang nor cpkv's builders.
+an in-process stand-in for the CP group's all-gather, SGLang's strategies on a given rank and the page_size 1
+round-robin plan. Imports neither sglang nor cpkv's builders.
 """
 
 from __future__ import annotations
@@ -11,7 +12,24 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from cpkv import CPConfig, plan_batch
+
 PAGE_SIZES = (2, 4, 16, 64)
+
+
+def on_rank(strategy_cls: type, cp_size: int, rank: int):
+    """An instance of SGLang's CP strategy class ``strategy_cls`` (zigzag, interleave) whose ``cp_rank`` is
+    ``rank`` (SGLang's reads the runtime context)."""
+    ranked = type(f"Ranked{strategy_cls.__name__}", (strategy_cls,), {"cp_rank": property(lambda self: rank)})
+    return ranked(cp_size=cp_size)
+
+
+def round_robin_plan(case: Case):
+    """``case``'s interleave plan at page_size 1 with phase ``cum_E[i] % C``: flat token t on rank ``t % C``,
+    SGLang 0.5.23's default interleave split and 0.5.9's round-robin split."""
+    C, E = case.cp_size, case.extend_lens
+    phases = (np.cumsum([0, *E])[:-1] % C).tolist()
+    return plan_batch(case.prefix_lens, E, CPConfig(C, 1, "rotation", "interleave"), phases=phases)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ gather code run on cpkv's metadata.
 
 What stands in for SGLang's runtime (nothing else is stubbed; torchvision is, by the conftest):
 - ``cp_rank``, which SGLang reads from its runtime parallel context (``get_parallel().attn_cp_rank``), is
-  given to the strategy directly (``Ranked``);
+  given to the strategy directly (``ranked``);
 - the CP group's all-gather (``get_parallel().attn_cp_group`` in zigzag.py) is ``FakeCPGroup``, one process
   holding every rank's shard; the padding step's ``get_parallel().attn_cp_size`` and active strategy are set
   to the test's group.
@@ -25,6 +25,7 @@ from sglang_cp_cases import (
     all_gather_buffer,
     assert_all_fields_same,
     assert_same,
+    on_rank,
     random_case,
 )
 
@@ -55,22 +56,14 @@ PER_REQUEST_TENSORS = {  # tensor -> the list it holds, per request: [B] (prev o
 }
 
 
-class Ranked(zigzag.ZigzagCPStrategy):
-    """SGLang's zigzag strategy on one given rank."""
-
-    def __init__(self, cp_size: int, rank: int):
-        super().__init__(cp_size=cp_size)
-        self._rank = rank
-
-    @property
-    def cp_rank(self) -> int:
-        return self._rank
+def ranked(cp_size: int, rank: int):
+    return on_rank(zigzag.ZigzagCPStrategy, cp_size, rank)
 
 
 def sglang_metadata(C: int, rank: int, prefix: list[int], extend: list[int]):
     """SGLang's metadata as ``prepare_cp_forward`` builds it: seq_lens = prefix + extend."""
     seq = [p + e for p, e in zip(prefix, extend, strict=True)]
-    return Ranked(C, rank).build_metadata(num_tokens=sum(extend), seqs_len=seq, extend_seqs_len=list(extend))
+    return ranked(C, rank).build_metadata(num_tokens=sum(extend), seqs_len=seq, extend_seqs_len=list(extend))
 
 
 @pytest.mark.clause("C-ZIGZAG")
@@ -192,11 +185,11 @@ def shard_and_gather(monkeypatch, plan, C: int, padded: bool):
     metas = [sglang_cp.zigzag_metadata(plan, r) for r in range(C)]
     if padded:  # SGLang's step that pads every rank to a multiple of 2C rows
         monkeypatch.setattr(cp_padding, "get_parallel", lambda: types.SimpleNamespace(attn_cp_size=C))
-        monkeypatch.setattr(cp_base, "_STRATEGY", Ranked(C, 0))
+        monkeypatch.setattr(cp_base, "_STRATEGY", ranked(C, 0))
         for m in metas:
             cp_padding.pad_logical_token_to_physical(m)
     batches = [types.SimpleNamespace(attn_cp_metadata=m) for m in metas]
-    shards = [Ranked(C, r).shard_hidden_states(x, batches[r]) for r in range(C)]
+    shards = [ranked(C, r).shard_hidden_states(x, batches[r]) for r in range(C)]
     logical = [s[: len(sglang_cp.local_token_index(m))] for s, m in zip(shards, metas, strict=True)]
     gathered = []
     for r in range(C):
@@ -204,7 +197,7 @@ def shard_and_gather(monkeypatch, plan, C: int, padded: bool):
         monkeypatch.setattr(
             zigzag, "get_parallel", lambda group=group: types.SimpleNamespace(attn_cp_group=group)
         )
-        gathered.append(Ranked(C, r).gather_hidden_states(shards[r], batches[r]))
+        gathered.append(ranked(C, r).gather_hidden_states(shards[r], batches[r]))
     return x, positions, metas, batches, logical, gathered
 
 
@@ -231,7 +224,7 @@ def test_sglangs_shard_and_gather_round_trip_on_cpkv_metadata(monkeypatch):
             assert np.array_equal(np.sort(mine), np.flatnonzero(plan.token_owner == r)), case
             assert torch.equal(shards[r], x[torch.from_numpy(mine)]), case
             assert torch.equal(shards[r], sglang_cp.shard_hidden_states(x, metas[r])), case
-            sgl_pos = Ranked(C, r).shard_position_ids(positions, batches[r])[: len(mine)]
+            sgl_pos = ranked(C, r).shard_position_ids(positions, batches[r])[: len(mine)]
             assert torch.equal(sgl_pos, sglang_cp.shard_position_ids(positions, metas[r])), case
             assert torch.equal(gathered[r], x), f"{case}: SGLang's gather on rank {r}"
             if B == 1:

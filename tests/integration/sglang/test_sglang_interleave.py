@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_cp_cases import PAGE_SIZES, FakeCPGroup, random_case
+from sglang_cp_cases import PAGE_SIZES, FakeCPGroup, on_rank, random_case, round_robin_plan
 
 pytest.importorskip(
     "cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)"
@@ -44,16 +44,8 @@ def config(C: int, P: int) -> CPConfig:
     return CPConfig(C, P, "rotation", "interleave")
 
 
-class Ranked(interleave.InterleaveCPStrategy):
-    """SGLang's interleave strategy on one given rank."""
-
-    def __init__(self, cp_size: int, rank: int):
-        super().__init__(cp_size=cp_size)
-        self._rank = rank
-
-    @property
-    def cp_rank(self) -> int:
-        return self._rank
+def ranked(cp_size: int, rank: int):
+    return on_rank(interleave.InterleaveCPStrategy, cp_size, rank)
 
 
 def parallel(monkeypatch, module, C: int, rank: int, group=None) -> None:
@@ -183,12 +175,11 @@ def test_page_size_1_with_phases_cum_e_is_sglangs_default_split(monkeypatch):
         N = sum(E)
         if N == 0:
             continue
-        phases = (np.cumsum([0, *E])[:-1] % C).tolist()
-        plan = plan_batch(case.prefix_lens, E, config(C, 1), phases=phases)
+        plan = round_robin_plan(case)
         assert plan.token_owner.tolist() == (np.arange(N) % C).tolist(), case
         x = torch.arange(N * 2, dtype=torch.float32).reshape(N, 2)
         for r in range(C):
-            strategy = Ranked(C, r)
+            strategy = ranked(C, r)
             theirs = strategy.build_metadata(num_tokens=N, seqs_len=None, extend_seqs_len=list(E))
             assert theirs.per_rank_actual_token == plan.per_rank_tokens.tolist(), case
             assert max(theirs.max_rank_len) == plan.max_rank_tokens
@@ -222,7 +213,7 @@ def test_sglangs_gather_on_cpkv_metadata_restores_flat_order(monkeypatch):
             parallel(monkeypatch, interleave, C, r, group)
             monkeypatch.setattr(interleave, "attn_cp_all_gather_into_tensor", group.all_gather_into_tensor)
             batch = types.SimpleNamespace(attn_cp_metadata=metas[r])
-            assert torch.equal(Ranked(C, r).gather_hidden_states(shards[r], batch), x), (case, r)
+            assert torch.equal(ranked(C, r).gather_hidden_states(shards[r], batch), x), (case, r)
 
 
 def test_metadata_refuses_a_zigzag_plan():

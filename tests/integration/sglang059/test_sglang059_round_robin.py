@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from cpkv import CPConfig, plan_batch
-from sglang_cp_cases import random_case
+from sglang_cp_cases import random_case, round_robin_plan
 
 nsa = pytest.importorskip("sglang.srt.layers.attention.nsa.utils", reason="SGLang 0.5.9 (make test-sglang)")
 if importlib.metadata.version("sglang") != "0.5.9":
@@ -33,8 +32,7 @@ def test_round_robin_split_is_an_interleave_plan_at_page_size_1(monkeypatch):
         N = sum(E)
         if N == 0:
             continue
-        phases = (np.cumsum([0, *E])[:-1] % C).tolist()
-        plan = plan_batch(case.prefix_lens, E, CPConfig(C, 1, "rotation", "interleave"), phases=phases)
+        plan = round_robin_plan(case)
         x = torch.arange(N * 2, dtype=torch.float32).reshape(N, 2)
         monkeypatch.setattr(nsa, "get_attention_cp_size", lambda C=C: C)
         for r in range(C):
