@@ -27,7 +27,9 @@ class CpkvAlloc:
 
     name = "cpkv"
 
-    def __init__(self, cp_size: int, page_size: int, pages: int, policy: str = "balanced", *, plan: bool = False) -> None:
+    def __init__(
+        self, cp_size: int, page_size: int, pages: int, policy: str = "balanced", *, plan: bool = False
+    ) -> None:
         self.cfg = CPConfig(cp_size, page_size, policy)
         self.pages, self.P = pages, page_size
         self.with_plan = plan  # also read each result's .plan (built on first access for small calls)
@@ -40,7 +42,9 @@ class CpkvAlloc:
         alloc, total = self.fresh(), 0.0
         for _ in range(calls):
             t0 = time.perf_counter()
-            res = alloc.alloc_extend(np.zeros(1, np.int64), np.full(1, extend_len, np.int64), np.full(1, -1, np.int64))
+            res = alloc.alloc_extend(
+                np.zeros(1, np.int64), np.full(1, extend_len, np.int64), np.full(1, -1, np.int64)
+            )
             if self.with_plan:
                 res.plan  # noqa: B018
             alloc.free(res.new_pages)
@@ -57,7 +61,9 @@ class CpkvAlloc:
         Returns ``(seconds, out_cache_loc of every step [steps, B])``."""
         alloc = self.fresh()
         B = seq_lens.shape[0]
-        pre = alloc.alloc_extend(np.zeros(B, np.int64), seq_lens, np.full(B, -1, np.int64)).out_cache_loc.numpy()
+        pre = alloc.alloc_extend(
+            np.zeros(B, np.int64), seq_lens, np.full(B, -1, np.int64)
+        ).out_cache_loc.numpy()
         last = pre[np.cumsum(seq_lens) - 1]
         seq, outs, total = seq_lens.copy(), [], 0.0
         for _ in range(steps):
@@ -82,10 +88,18 @@ class SGLangAlloc:
         self.sg, self.P, self.pages = sg, page_size, pages
 
     def fresh(self):
-        a = self.sg.Allocator(size=self.pages * self.P, page_size=self.P, dtype=torch.bfloat16, device="cpu",
-                              kvcache=None, need_sort=False)  # fmt: skip
+        a = self.sg.Allocator(
+            size=self.pages * self.P,
+            page_size=self.P,
+            dtype=torch.bfloat16,
+            device="cpu",
+            kvcache=None,
+            need_sort=False,
+        )
         if a.use_triton_kernels:
-            raise RuntimeError("SGLang chose its Triton kernels; this benchmark measures its torch-native path")
+            raise RuntimeError(
+                "SGLang chose its Triton kernels; this benchmark measures its torch-native path"
+            )
         return a
 
     def extend_free(self, extend_len: int, calls: int) -> float:
@@ -146,8 +160,9 @@ class ShardedAlloc(SGLangAlloc):
             return self.sg.PageInterleaveAllocator(size, self.P, self.C, torch.bfloat16, "cpu", None, False)
         from cpkv.integrations.sglang import OwnerLaneTokenToKVPoolAllocator
 
-        return OwnerLaneTokenToKVPoolAllocator(size, self.P, torch.bfloat16, "cpu", None, False, cp_size=self.C,
-                                               owner_policy="balanced")  # fmt: skip
+        return OwnerLaneTokenToKVPoolAllocator(
+            size, self.P, torch.bfloat16, "cpu", None, False, cp_size=self.C, owner_policy="balanced"
+        )
 
     def _extend(self, alloc, prefix_lens, extend_lens, last_locs):
         L0 = torch.tensor(np.asarray(prefix_lens, dtype=np.int64))

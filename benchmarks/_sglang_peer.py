@@ -39,7 +39,13 @@ def load() -> types.SimpleNamespace | str:
     except Exception as e:  # any import-time failure of the peer is reported, not raised
         return f"sglang does not import here: {type(e).__name__}: {e}"
     return types.SimpleNamespace(
-        Allocator=PagedTokenToKVPoolAllocator, PageInterleaveAllocator=PageInterleavePoolAllocator, RadixCache=RadixCache, RadixKey=RadixKey,
-        MatchPrefixParams=MatchPrefixParams, InsertParams=InsertParams, EvictParams=EvictParams,
-        version=version("sglang"), torchvision_stubbed=stubbed,
-    )  # fmt: skip
+        Allocator=PagedTokenToKVPoolAllocator,
+        PageInterleaveAllocator=PageInterleavePoolAllocator,
+        RadixCache=RadixCache,
+        RadixKey=RadixKey,
+        MatchPrefixParams=MatchPrefixParams,
+        InsertParams=InsertParams,
+        EvictParams=EvictParams,
+        version=version("sglang"),
+        torchvision_stubbed=stubbed,
+    )

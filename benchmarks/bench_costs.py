@@ -49,10 +49,22 @@ def main() -> None:
             diff = ours / ref - 1
             listed = isl in ISLS
             worst = max(worst, abs(diff)) if listed else worst
-            rows.append([isl, prefix, ours, ref, 100 * diff, ("ok" if abs(diff) <= 0.10 else "FAIL") if listed else "info"])
-    print_table(f"C=1, one request: cpkv's composed step vs aiconfigurator's predict_prefill_latency "
-                f"({spec.gpu}, {spec.model}, {spec.backend} {one.provenance()['backend_version']})",
-                ["isl", "prefix", "cpkv ms", "aiconfigurator ms", "diff %", "within 10 %"], rows)  # fmt: skip
+            rows.append(
+                [
+                    isl,
+                    prefix,
+                    ours,
+                    ref,
+                    100 * diff,
+                    ("ok" if abs(diff) <= 0.10 else "FAIL") if listed else "info",
+                ]
+            )
+    print_table(
+        f"C=1, one request: cpkv's composed step vs aiconfigurator's predict_prefill_latency "
+        f"({spec.gpu}, {spec.model}, {spec.backend} {one.provenance()['backend_version']})",
+        ["isl", "prefix", "cpkv ms", "aiconfigurator ms", "diff %", "within 10 %"],
+        rows,
+    )
 
     cp_rows, speedups = [], []
     for isl in CP_ISLS[:1] if args.quick else CP_ISLS:
@@ -63,17 +75,43 @@ def main() -> None:
             parts = cost.breakdown(plan)
             step = float(cost.step_work(plan).max())
             for r in range(C):
-                cp_rows.append([isl, C, r, int(plan.per_rank_tokens[r]), *(float(parts[k][r]) for k in BREAKDOWN),
-                                float(sum(parts[k][r] for k in BREAKDOWN))])  # fmt: skip
+                cp_rows.append(
+                    [
+                        isl,
+                        C,
+                        r,
+                        int(plan.per_rank_tokens[r]),
+                        *(float(parts[k][r]) for k in BREAKDOWN),
+                        float(sum(parts[k][r] for k in BREAKDOWN)),
+                    ]
+                )
             speedups.append([isl, C, base, step, base / step, base / step / C])
-    print_table("One request, no prefix, rotation: per-rank work (ms; linear = embedding, norms, MoE block, LM head)",
-                ["isl", "C", "rank", "tokens", *BREAKDOWN, "total"], cp_rows)  # fmt: skip
-    print_table("CP speed-up of the prefill step over C=1", ["isl", "C", "C=1 ms", "step ms", "speed-up", "efficiency"],
-                speedups)  # fmt: skip
-    write_json(args.json, {"benchmark": "costs", "quick": args.quick, "provenance": one.provenance(),
-                           "c1": rows, "worst_c1_diff": worst, "per_rank": cp_rows, "speedups": speedups})  # fmt: skip
+    print_table(
+        "One request, no prefix, rotation: per-rank work (ms; linear = embedding, norms, MoE block, LM head)",
+        ["isl", "C", "rank", "tokens", *BREAKDOWN, "total"],
+        cp_rows,
+    )
+    print_table(
+        "CP speed-up of the prefill step over C=1",
+        ["isl", "C", "C=1 ms", "step ms", "speed-up", "efficiency"],
+        speedups,
+    )
+    write_json(
+        args.json,
+        {
+            "benchmark": "costs",
+            "quick": args.quick,
+            "provenance": one.provenance(),
+            "c1": rows,
+            "worst_c1_diff": worst,
+            "per_rank": cp_rows,
+            "speedups": speedups,
+        },
+    )
     if worst > 0.10:
-        sys.exit(f"C=1 composed step differs from aiconfigurator's prediction by {100 * worst:.1f} % (> 10 %)")
+        sys.exit(
+            f"C=1 composed step differs from aiconfigurator's prediction by {100 * worst:.1f} % (> 10 %)"
+        )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,9 @@ def one_call_cost(cp_size: int):
             owner, a, b = plan.position_runs()
             one = self.tables.attention(np.ones_like(a), a)  # [R] one query after each run's keys
             fixed = np.zeros(self.cp_size)
-            np.maximum.at(fixed, owner, one)  # the call's cost at the rank's longest prefix (monotone in keys)
+            np.maximum.at(
+                fixed, owner, one
+            )  # the call's cost at the rank's longest prefix (monotone in keys)
             work = self.tables.attention(b - a, a) - one
             return fixed + np.bincount(owner, weights=work, minlength=self.cp_size)
 
@@ -58,7 +60,9 @@ def main() -> None:
     from cpkv.sim.workload import build_workload
 
     cap = args.max_requests or (100 if args.quick else None)
-    spec = build_workload("trace", num_requests=cap, seed=0, trace_path=args.trace, page_size=SimConfig.page_size)
+    spec = build_workload(
+        "trace", num_requests=cap, seed=0, trace_path=args.trace, page_size=SimConfig.page_size
+    )
     rows, figures = [], []
     for strategy in ("zigzag", "interleave"):
         config = SimConfig.for_workload(spec, measured=MeasuredSpec(), cp_strategy=strategy)
@@ -66,14 +70,45 @@ def main() -> None:
             t0 = time.perf_counter()
             m = PolicyRun(config, args.policy, spec.requests, cost).run().metrics
             wall = time.perf_counter() - t0
-            rows.append([strategy, pricing, f"{m['requests_finished']:,} of {m['requests_total']:,}",
-                         m["ttft_ms_p50"] / 1000, m["ttft_ms_p99"] / 1000, m["compute_imbalance"], wall])  # fmt: skip
-            figures.append({"cp_strategy": strategy, "pricing": pricing, "wall_s": wall,
-                            **{k: m[k] for k in ("requests_total", "requests_finished", "ttft_ms_p50", "ttft_ms_p99",
-                                                 "compute_imbalance", "compute_imbalance_mean")}})  # fmt: skip
-    print_table(f"owner-lane/{args.policy} on {args.trace.name} ({len(spec.requests):,} requests), C=8, P=64, "
-                "measured H200 costs: a rank's runs priced per run (the simulator) or as one call", HEADER, rows)  # fmt: skip
-    write_json(args.json, {"benchmark": "interleave-pricing", "quick": args.quick, "policy": args.policy, "runs": figures})
+            rows.append(
+                [
+                    strategy,
+                    pricing,
+                    f"{m['requests_finished']:,} of {m['requests_total']:,}",
+                    m["ttft_ms_p50"] / 1000,
+                    m["ttft_ms_p99"] / 1000,
+                    m["compute_imbalance"],
+                    wall,
+                ]
+            )
+            figures.append(
+                {
+                    "cp_strategy": strategy,
+                    "pricing": pricing,
+                    "wall_s": wall,
+                    **{
+                        k: m[k]
+                        for k in (
+                            "requests_total",
+                            "requests_finished",
+                            "ttft_ms_p50",
+                            "ttft_ms_p99",
+                            "compute_imbalance",
+                            "compute_imbalance_mean",
+                        )
+                    },
+                }
+            )
+    print_table(
+        f"owner-lane/{args.policy} on {args.trace.name} ({len(spec.requests):,} requests), C=8, P=64, "
+        "measured H200 costs: a rank's runs priced per run (the simulator) or as one call",
+        HEADER,
+        rows,
+    )
+    write_json(
+        args.json,
+        {"benchmark": "interleave-pricing", "quick": args.quick, "policy": args.policy, "runs": figures},
+    )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ def cuda_ms(fn, repeats: int) -> float:
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)
+    ]
     torch.cuda._sleep(_BACKLOG_CYCLES)
     for start, end in events:
         start.record()
@@ -82,17 +84,39 @@ def cases(tokens: int):
     out = torch.empty(N, dtype=torch.int64, device="cuda")
     fill_bytes = 8 * N + 8 * pages.shape[0]
     to_device = lambda: torch.from_numpy(extend_slots(plan, last, pages)).cuda()  # noqa: E731
-    yield "fill_out_cache_loc (kernel)", "int64", fill_bytes, lambda: launch_fill("triton", table, out, plan), to_device
-    yield "fill_out_cache_loc (call)", "int64", fill_bytes, lambda: K.fill_out_cache_loc(plan, last, pages, out=out), to_device
+    yield (
+        "fill_out_cache_loc (kernel)",
+        "int64",
+        fill_bytes,
+        lambda: launch_fill("triton", table, out, plan),
+        to_device,
+    )
+    yield (
+        "fill_out_cache_loc (call)",
+        "int64",
+        fill_bytes,
+        lambda: K.fill_out_cache_loc(plan, last, pages, out=out),
+        to_device,
+    )
     layout = SharedKVLayout(C, P, -(-N // (C * P)) + 1)
     slots = torch.randint(0, layout.num_slots, (N,), device="cuda")
     res = torch.empty_like(slots)
     mask = torch.empty(N, dtype=torch.bool, device="cuda")
     for name in ("read_slots", "write_slots"):
-        yield name, "int64", 16 * N, lambda n=name: getattr(K, n)(layout, slots, out=res, check=False), \
-            lambda n=name: getattr(layout, n)(slots)  # fmt: skip
-    yield "owned_mask", "int64", 9 * N, lambda: K.owned_mask(layout, slots, 3, out=mask, check=False), \
-        lambda: layout.owned_mask(slots, 3)  # fmt: skip
+        yield (
+            name,
+            "int64",
+            16 * N,
+            lambda n=name: getattr(K, n)(layout, slots, out=res, check=False),
+            lambda n=name: getattr(layout, n)(slots),
+        )
+    yield (
+        "owned_mask",
+        "int64",
+        9 * N,
+        lambda: K.owned_mask(layout, slots, 3, out=mask, check=False),
+        lambda: layout.owned_mask(slots, 3),
+    )
     idx = torch.from_numpy(plan.gather_index.copy()).cuda()
     for width, dtype in ((576, torch.bfloat16), (576, torch.float32), (128, torch.bfloat16)):
         row = width * torch.empty(0, dtype=dtype).element_size()
@@ -102,11 +126,20 @@ def cases(tokens: int):
         flat = torch.empty(N, width, dtype=dtype, device="cuda")
         back = torch.empty_like(gathered)
         detail = f"{width} x {str(dtype).removeprefix('torch.')}"
-        yield "all_gather_rerange", detail, 2 * N * row, lambda g=gathered, f=flat: K.all_gather_rerange(g, plan, out=f), \
-            lambda g=gathered: g.index_select(0, idx)  # fmt: skip
-        yield "rerange_inverse", detail, (N + back.shape[0]) * row, \
-            lambda f=flat, b=back: K.all_gather_rerange_inverse(f, plan, out=b), \
-            lambda f=flat, b=back: b.zero_().index_copy_(0, idx, f)  # fmt: skip
+        yield (
+            "all_gather_rerange",
+            detail,
+            2 * N * row,
+            lambda g=gathered, f=flat: K.all_gather_rerange(g, plan, out=f),
+            lambda g=gathered: g.index_select(0, idx),
+        )
+        yield (
+            "rerange_inverse",
+            detail,
+            (N + back.shape[0]) * row,
+            lambda f=flat, b=back: K.all_gather_rerange_inverse(f, plan, out=b),
+            lambda f=flat, b=back: b.zero_().index_copy_(0, idx, f),
+        )
         del gathered, flat, back
 
 
@@ -125,15 +158,53 @@ def main() -> None:
             t, t_torch = cuda_ms(kernel, repeats), cuda_ms(torch_path, repeats)
             rate = nbytes / (t / 1e3)
             share = f"{100 * rate / peak:.0f}" if peak else "-"
-            rows.append([name, detail, tokens, nbytes / 1e6, t, rate / 1e9, share, f"{100 * rate / copy:.0f}", t_torch, t_torch / t])
-            out[f"{name} {detail} {tokens}"] = dict(tokens=tokens, bytes=nbytes, ms=t, torch_ms=t_torch, bytes_per_s=rate)
+            rows.append(
+                [
+                    name,
+                    detail,
+                    tokens,
+                    nbytes / 1e6,
+                    t,
+                    rate / 1e9,
+                    share,
+                    f"{100 * rate / copy:.0f}",
+                    t_torch,
+                    t_torch / t,
+                ]
+            )
+            out[f"{name} {detail} {tokens}"] = dict(
+                tokens=tokens, bytes=nbytes, ms=t, torch_ms=t_torch, bytes_per_s=rate
+            )
         torch.cuda.empty_cache()
-    title = (f"cpkv.kernels on {torch.cuda.get_device_name(0)} (triton {stack.triton}, C={C}, P={P}); peak "
-             f"{peak / 1e9 if peak else float('nan'):,.0f} GB/s, measured copy {copy / 1e9:,.0f} GB/s (median)")  # fmt: skip
-    header = ["kernel", "elements", "tokens", "MB moved", "ms", "GB/s", "% peak", "% copy", "torch ms", "x torch"]
+    title = (
+        f"cpkv.kernels on {torch.cuda.get_device_name(0)} (triton {stack.triton}, C={C}, P={P}); peak "
+        f"{peak / 1e9 if peak else float('nan'):,.0f} GB/s, measured copy {copy / 1e9:,.0f} GB/s (median)"
+    )
+    header = [
+        "kernel",
+        "elements",
+        "tokens",
+        "MB moved",
+        "ms",
+        "GB/s",
+        "% peak",
+        "% copy",
+        "torch ms",
+        "x torch",
+    ]
     print_table(title, header, rows)
-    write_json(args.json, {"benchmark": "kernels", "quick": args.quick, "cuda": True, "device": torch.cuda.get_device_name(0),
-                           "peak_bytes_per_s": peak, "copy_bytes_per_s": copy, "cases": out})  # fmt: skip
+    write_json(
+        args.json,
+        {
+            "benchmark": "kernels",
+            "quick": args.quick,
+            "cuda": True,
+            "device": torch.cuda.get_device_name(0),
+            "peak_bytes_per_s": peak,
+            "copy_bytes_per_s": copy,
+            "cases": out,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -47,9 +47,11 @@ def main() -> None:
     slots = np.random.default_rng(0).integers(0, layout.num_slots, n, dtype=np.int64)
     slots[::1000] = -1
     inputs = {
-        "numpy int64": slots, "numpy int32": slots.astype(np.int32),
-        "torch int64": torch.from_numpy(slots), "torch int32": torch.from_numpy(slots.astype(np.int32)),
-    }  # fmt: skip
+        "numpy int64": slots,
+        "numpy int32": slots.astype(np.int32),
+        "torch int64": torch.from_numpy(slots),
+        "torch int32": torch.from_numpy(slots.astype(np.int32)),
+    }
     rows, out = [], {}
     for name, x in inputs.items():
         nbytes = x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
@@ -61,13 +63,24 @@ def main() -> None:
             t = median_s(lambda fn=fn, x=x: fn(x), repeats)
             t_out = median_s(lambda fn=fn, x=x, dst=dst: fn(x, out=dst), repeats)
             ratio = paired_ratio(lambda fn=fn, x=x, dst=dst: fn(x, out=dst), nbytes, repeats)
-            out[f"{op} {name}"] = dict(slots=n, s=t, out_s=t_out, bound_s=bound, fresh_copy_s=fresh,
-                                       out_x_bound=ratio)  # fmt: skip
-            rows.append([op, name, t * 1e3, fresh * 1e3, t / fresh, t_out * 1e3, n / t_out / 1e9, bound * 1e3,
-                         ratio])  # fmt: skip
+            out[f"{op} {name}"] = dict(
+                slots=n, s=t, out_s=t_out, bound_s=bound, fresh_copy_s=fresh, out_x_bound=ratio
+            )
+            rows.append(
+                [op, name, t * 1e3, fresh * 1e3, t / fresh, t_out * 1e3, n / t_out / 1e9, bound * 1e3, ratio]
+            )
         del dst, fn_out
-    header = ["op", "input", "new ms", "fresh copy ms", "x fresh", "out= ms", "Gslots/s", "bound ms",
-              "x bound"]  # fmt: skip
+    header = [
+        "op",
+        "input",
+        "new ms",
+        "fresh copy ms",
+        "x fresh",
+        "out= ms",
+        "Gslots/s",
+        "bound ms",
+        "x bound",
+    ]
     title = f"SharedKVLayout(C={C}, P={P}, Q={layout.pages_per_lane}) translations (median)"
     print_table(title, header, rows)
     write_json(args.json, {"benchmark": "layout", "quick": args.quick, "cases": out})

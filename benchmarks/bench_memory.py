@@ -39,8 +39,12 @@ def with_plan(res):
 def main() -> None:
     args = parser(__doc__.splitlines()[0]).parse_args()
     big = 1 << 14 if args.quick else 1 << 20
-    cases = {"a P=64": (1, big, 64), "a P=1": (1, big, 1), "b": (64, big // 64, 64),
-             "c decode": (256, 64, 64)}  # fmt: skip
+    cases = {
+        "a P=64": (1, big, 64),
+        "a P=1": (1, big, 1),
+        "b": (64, big // 64, 64),
+        "c decode": (256, 64, 64),
+    }
     C, rows, out = 8, [], {}
     for name, (B, E, P) in cases.items():
         cfg = CPConfig(C, P)
@@ -51,13 +55,29 @@ def main() -> None:
         # .plan read inside: a batch whose requests need at most one page each (c) builds it on first access
         _, ext_kept, ext_peak = traced(lambda: with_plan(alloc.alloc_extend(L0, Es, last)))  # noqa: B023
         n, pool = B * E, alloc.num_pages
-        out[name] = dict(tokens=n, pages=plan.num_tokens and int(plan.page_owners.shape[0]), pool_pages=pool,
-                         plan_retained=plan_kept, plan_peak=plan_peak, alloc_retained=ext_kept,
-                         alloc_peak=ext_peak, allocator_state=state)  # fmt: skip
+        out[name] = dict(
+            tokens=n,
+            pages=plan.num_tokens and int(plan.page_owners.shape[0]),
+            pool_pages=pool,
+            plan_retained=plan_kept,
+            plan_peak=plan_peak,
+            alloc_retained=ext_kept,
+            alloc_peak=ext_peak,
+            allocator_state=state,
+        )
         per_token = [plan_kept / n, plan_peak / n, ext_kept / n, ext_peak / n]
         rows.append([name, P, n, *per_token, pool, state / pool])
-    header = ["case", "P", "tokens", "plan B/tok", "plan peak B/tok", "alloc_extend B/tok",
-              "alloc_extend peak B/tok", "pool pages", "allocator B/page"]  # fmt: skip
+    header = [
+        "case",
+        "P",
+        "tokens",
+        "plan B/tok",
+        "plan peak B/tok",
+        "alloc_extend B/tok",
+        "alloc_extend peak B/tok",
+        "pool pages",
+        "allocator B/page",
+    ]
     print_table(f"planner and allocator memory, C={C} (tracemalloc)", header, rows)
     write_json(args.json, {"benchmark": "memory", "quick": args.quick, "cases": out})
 

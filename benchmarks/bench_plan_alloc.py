@@ -50,8 +50,9 @@ def oracle_s(B: int, E: int, C: int, P: int) -> tuple[float, bool]:
     return t * (B * E) / (b * e), (b, e) != (B, E)
 
 
-def measure(B: int, E: int, C: int, P: int, repeats: int, pool_pages: int | None = None,
-            cp_strategy: str = "zigzag") -> dict:  # fmt: skip
+def measure(
+    B: int, E: int, C: int, P: int, repeats: int, pool_pages: int | None = None, cp_strategy: str = "zigzag"
+) -> dict:
     """Median plan_batch and alloc_extend seconds for B fresh requests of E tokens (one allocator; the pages
     of one call are freed, untimed, before the next, so every call sees the same state)."""
     cfg = CPConfig(C, P, cp_strategy=cp_strategy)
@@ -66,6 +67,7 @@ def measure(B: int, E: int, C: int, P: int, repeats: int, pool_pages: int | None
             alloc.free(held.pop())
 
     t_plan = median_s(lambda: plan_batch(L0, Es, cfg), repeats)
+
     def alloc_and_plan() -> None:  # .plan read: the single-page path ((c), (d)) builds it on first access
         res = alloc.alloc_extend(L0, Es, last)
         res.plan  # noqa: B018
@@ -91,17 +93,37 @@ def compare_strategies(cases: dict, reps: int, small_reps: int, rounds: int) -> 
                 got[s].append(measure(B, E, C, P, n, cp_strategy=s))
         out[name] = {s: {k: [r[k] for r in got[s]] for k in ("plan_s", "alloc_s")} for s in STRATEGIES}
         for s in STRATEGIES:
-            out[name][s].update({f"{k}_median": statistics.median(out[name][s][k]) for k in ("plan_s", "alloc_s")})
+            out[name][s].update(
+                {f"{k}_median": statistics.median(out[name][s][k]) for k in ("plan_s", "alloc_s")}
+            )
     rows = []
     for name, r in out.items():
         z, i = r["zigzag"], r["interleave"]
-        rows.append([name, z["plan_s_median"] * 1e3, i["plan_s_median"] * 1e3,
-                     i["plan_s_median"] / z["plan_s_median"], z["alloc_s_median"] * 1e3,
-                     i["alloc_s_median"] * 1e3, i["alloc_s_median"] / z["alloc_s_median"]])  # fmt: skip
-    print_table(f"zigzag vs interleave, cp_size 8, {rounds} alternated rounds (median of the rounds' medians; "
-                "target interleave / zigzag <= 1.3)",
-                ["case", "zigzag plan ms", "interleave plan ms", "ratio", "zigzag plan+alloc ms",
-                 "interleave plan+alloc ms", "ratio"], rows)  # fmt: skip
+        rows.append(
+            [
+                name,
+                z["plan_s_median"] * 1e3,
+                i["plan_s_median"] * 1e3,
+                i["plan_s_median"] / z["plan_s_median"],
+                z["alloc_s_median"] * 1e3,
+                i["alloc_s_median"] * 1e3,
+                i["alloc_s_median"] / z["alloc_s_median"],
+            ]
+        )
+    print_table(
+        f"zigzag vs interleave, cp_size 8, {rounds} alternated rounds (median of the rounds' medians; "
+        "target interleave / zigzag <= 1.3)",
+        [
+            "case",
+            "zigzag plan ms",
+            "interleave plan ms",
+            "ratio",
+            "zigzag plan+alloc ms",
+            "interleave plan+alloc ms",
+            "ratio",
+        ],
+        rows,
+    )
     return out
 
 
@@ -110,15 +132,22 @@ STRATEGIES = ("zigzag", "interleave")
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--cp-strategy", choices=[*STRATEGIES, "compare"], default="zigzag",
-                   help="the CP strategy of every plan, or compare: zigzag and interleave alternated")  # fmt: skip
+    p.add_argument(
+        "--cp-strategy",
+        choices=[*STRATEGIES, "compare"],
+        default="zigzag",
+        help="the CP strategy of every plan, or compare: zigzag and interleave alternated",
+    )
     p.add_argument("--rounds", type=int, default=5, help="alternated rounds of --cp-strategy compare")
     args = p.parse_args()
     big, reps, small_reps = (1 << 14, 5, 50) if args.quick else (1 << 20, 9, 300)
     cases = {
-        "a P=64": (1, big, 8, 64), "a P=1": (1, big, 8, 1), "b": (64, big // 64, 8, 64),
-        "c decode": (256, 64, 8, 64), "d": (1, 64, 8, 64),
-    }  # fmt: skip
+        "a P=64": (1, big, 8, 64),
+        "a P=1": (1, big, 8, 1),
+        "b": (64, big // 64, 8, 64),
+        "c decode": (256, 64, 8, 64),
+        "d": (1, 64, 8, 64),
+    }
     if args.cp_strategy == "compare":
         out = compare_strategies(cases, reps, small_reps, 2 if args.quick else args.rounds)
         write_json(args.json, {"benchmark": "plan_alloc_strategies", "quick": args.quick, "cases": out})
@@ -128,14 +157,36 @@ def main() -> None:
         r = measure(B, E, C, P, reps if B * E > 100_000 else small_reps, cp_strategy=args.cp_strategy)
         r["oracle_s"], r["oracle_scaled"] = oracle_s(B, E, C, P)
         out[name] = r
-        rows.append([
-            name, C, P, B, r["tokens"], r["plan_s"] * 1e3, r["alloc_s"] * 1e3,
-            r["tokens"] / r["alloc_s"] / 1e6,
-            r["bound_s"] * 1e3, r["alloc_s"] / r["bound_s"],
-            fmt(r["oracle_s"] * 1e3) + ("*" if r["oracle_scaled"] else ""), r["oracle_s"] / r["alloc_s"],
-        ])  # fmt: skip
-    header = ["case", "C", "P", "reqs", "tokens", "plan ms", "plan+alloc ms", "Mtok/s", "bound ms",
-              "x bound", "oracle ms", "x faster"]  # fmt: skip
+        rows.append(
+            [
+                name,
+                C,
+                P,
+                B,
+                r["tokens"],
+                r["plan_s"] * 1e3,
+                r["alloc_s"] * 1e3,
+                r["tokens"] / r["alloc_s"] / 1e6,
+                r["bound_s"] * 1e3,
+                r["alloc_s"] / r["bound_s"],
+                fmt(r["oracle_s"] * 1e3) + ("*" if r["oracle_scaled"] else ""),
+                r["oracle_s"] / r["alloc_s"],
+            ]
+        )
+    header = [
+        "case",
+        "C",
+        "P",
+        "reqs",
+        "tokens",
+        "plan ms",
+        "plan+alloc ms",
+        "Mtok/s",
+        "bound ms",
+        "x bound",
+        "oracle ms",
+        "x faster",
+    ]
     print_table("plan_batch / alloc_extend (median; * = oracle scaled per token)", header, rows)
 
     pools = {"d C=2 pool 1e3": (2, 1000), "d C=16 pool 1e6": (16, 1_000_000)}
@@ -145,8 +196,11 @@ def main() -> None:
         scale_rows.append([name, C, pool, r["plan_s"] * 1e6, r["alloc_s"] * 1e6])
     ratio = out["d C=16 pool 1e6"]["alloc_s"] / out["d C=2 pool 1e3"]["alloc_s"]
     out["d_scaling_ratio"] = ratio
-    print_table(f"(d) per-call cost vs cp_size and pool: ratio {ratio:.2f} (target <= 1.3)",
-                ["case", "C", "pool pages", "plan us", "plan+alloc us"], scale_rows)  # fmt: skip
+    print_table(
+        f"(d) per-call cost vs cp_size and pool: ratio {ratio:.2f} (target <= 1.3)",
+        ["case", "C", "pool pages", "plan us", "plan+alloc us"],
+        scale_rows,
+    )
     write_json(args.json, {"benchmark": "plan_alloc", "quick": args.quick, "cases": out})
 
 

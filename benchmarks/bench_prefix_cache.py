@@ -36,7 +36,9 @@ def replay(prompts: list[np.ndarray], num_pages: int, cp_size: int = 8, page_siz
         cache.lock(m.handle)
         c2 = time.perf_counter()
         args = ([m.device_len], [len(tokens) - m.device_len], [m.last_loc])
-        short = np.bincount(alloc.plan_extend(*args).page_owners, minlength=cp_size) - alloc.free_pages_per_lane()
+        short = (
+            np.bincount(alloc.plan_extend(*args).page_owners, minlength=cp_size) - alloc.free_pages_per_lane()
+        )
         c3 = time.perf_counter()
         for lane in np.flatnonzero(short > 0).tolist():
             cache.evict(lane, int(short[lane]))
@@ -63,8 +65,14 @@ def replay(prompts: list[np.ndarray], num_pages: int, cp_size: int = 8, page_siz
     c, tree = cache.counters(), getattr(cache, "tree", None)  # cpkv 0.1: one node per page, no tree
     live = tree.num_nodes if tree is not None else cache.total_cached_pages + len(cache.host)
     made = tree.nodes_created if tree is not None else c["inserted_pages"]
-    return {"steps_s": t, "total_s": sum(t.values()), "hit_tokens": hit, "nodes": live, "nodes_made": made,
-            "evicted_pages": int(sum(c["evicted_pages"]))}  # fmt: skip
+    return {
+        "steps_s": t,
+        "total_s": sum(t.values()),
+        "hit_tokens": hit,
+        "nodes": live,
+        "nodes_made": made,
+        "evicted_pages": int(sum(c["evicted_pages"])),
+    }
 
 
 def main() -> None:
@@ -78,10 +86,28 @@ def main() -> None:
     for pool in (int(x) for x in args.pools.split(",")):
         res = replay(prompts, pool)
         out[pool] = res
-        rows.append([pool, n, res["total_s"], *(res["steps_s"][s] for s in STEPS), res["hit_tokens"],
-                     res["evicted_pages"], res["nodes"], res["nodes_made"]])  # fmt: skip
-    header = ["pool pages", "requests", "total s", *(f"{s} s" for s in STEPS), "hit tokens", "evicted", "nodes",
-              "nodes made"]  # fmt: skip
+        rows.append(
+            [
+                pool,
+                n,
+                res["total_s"],
+                *(res["steps_s"][s] for s in STEPS),
+                res["hit_tokens"],
+                res["evicted_pages"],
+                res["nodes"],
+                res["nodes_made"],
+            ]
+        )
+    header = [
+        "pool pages",
+        "requests",
+        "total s",
+        *(f"{s} s" for s in STEPS),
+        "hit tokens",
+        "evicted",
+        "nodes",
+        "nodes made",
+    ]
     print_table("prefix-cache replay, Mooncake trace (C=8, P=64, rotation)", header, rows)
     write_json(args.json, {"benchmark": "prefix_cache", "quick": args.quick, "requests": n, "pools": out})
 

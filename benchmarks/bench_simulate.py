@@ -27,17 +27,40 @@ from pathlib import Path
 from _common import ROOT, parser, print_table, write_json
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
-ENTRY = ("import resource, sys; from cpkv.cli import main; rc = main(); "
-         "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)")  # fmt: skip
-HEADER = ["cost model", "policy", "requests", "finished", "wall s", "sim s", "req/s (wall)", "req/s (sim)",
-          "peak RSS MiB", "TTFT p50 ms", "TTFT p99 ms"]  # fmt: skip
+ENTRY = (
+    "import resource, sys; from cpkv.cli import main; rc = main(); "
+    "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)"
+)
+HEADER = [
+    "cost model",
+    "policy",
+    "requests",
+    "finished",
+    "wall s",
+    "sim s",
+    "req/s (wall)",
+    "req/s (sim)",
+    "peak RSS MiB",
+    "TTFT p50 ms",
+    "TTFT p99 ms",
+]
 
 
 def run(args, cost_model: str, cap: int | None) -> tuple[list, dict]:
     """One child ``cpkv simulate``: its table row and its figures."""
     with tempfile.TemporaryDirectory() as out_dir:
-        cmd = ["simulate", "--trace", str(args.trace), "--policy", args.policy, "--no-progress",
-               "--cost-model", cost_model, "--out", out_dir] + (["--max-requests", str(cap)] if cap else [])  # fmt: skip
+        cmd = [
+            "simulate",
+            "--trace",
+            str(args.trace),
+            "--policy",
+            args.policy,
+            "--no-progress",
+            "--cost-model",
+            cost_model,
+            "--out",
+            out_dir,
+        ] + (["--max-requests", str(cap)] if cap else [])
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", ENTRY, *cmd], cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - t0
@@ -49,20 +72,44 @@ def run(args, cost_model: str, cap: int | None) -> tuple[list, dict]:
     n = sum(m["requests_total"] for m in policies.values())
     sim = sum(m["sim_wall_s"] for m in policies.values())
     ttft = [(m["ttft_ms_p50"], m["ttft_ms_p99"]) for m in policies.values()]
-    row = [cost_model, args.policy, n, sum(m["requests_finished"] for m in policies.values()), wall, sim, n / wall,
-           n / sim if sim else 0.0, rss_mib, " / ".join(f"{a:,.0f}" for a, _ in ttft),
-           " / ".join(f"{b:,.0f}" for _, b in ttft)]  # fmt: skip
-    return row, {"command": ["cpkv", *cmd], "wall_s": wall, "sim_wall_s": sim, "requests": n, "peak_rss_mib": rss_mib,
-                 "metrics": policies, "cost_provenance": report["config"]["cost_provenance"]}  # fmt: skip
+    row = [
+        cost_model,
+        args.policy,
+        n,
+        sum(m["requests_finished"] for m in policies.values()),
+        wall,
+        sim,
+        n / wall,
+        n / sim if sim else 0.0,
+        rss_mib,
+        " / ".join(f"{a:,.0f}" for a, _ in ttft),
+        " / ".join(f"{b:,.0f}" for _, b in ttft),
+    ]
+    return row, {
+        "command": ["cpkv", *cmd],
+        "wall_s": wall,
+        "sim_wall_s": sim,
+        "requests": n,
+        "peak_rss_mib": rss_mib,
+        "metrics": policies,
+        "cost_provenance": report["config"]["cost_provenance"],
+    }
 
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--max-requests", type=int, default=None, help="cap on trace lines (--quick: 200)")
     p.add_argument("--policy", default="rotation", help="owner policy, or all (default rotation)")
-    p.add_argument("--cost-model", default="measured", choices=["measured", "illustrative"], help="default measured")
-    p.add_argument("--compare-costs", type=int, default=0, metavar="ROUNDS",
-                   help="run ROUNDS times per cost model, alternated, and compare their wall times")  # fmt: skip
+    p.add_argument(
+        "--cost-model", default="measured", choices=["measured", "illustrative"], help="default measured"
+    )
+    p.add_argument(
+        "--compare-costs",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="run ROUNDS times per cost model, alternated, and compare their wall times",
+    )
     p.add_argument("--trace", type=Path, default=TRACE, help="trace (default: the shared Mooncake trace)")
     args = p.parse_args()
     cap = args.max_requests or (200 if args.quick else None)
@@ -80,9 +127,13 @@ def main() -> None:
             walls[model].append(row[4])
     print_table(f"{title}, cost models alternated", HEADER, rows)
     ratio = statistics.median(walls["measured"]) / statistics.median(walls["illustrative"])
-    print(f"median wall: measured {statistics.median(walls['measured']):.2f} s, illustrative "
-          f"{statistics.median(walls['illustrative']):.2f} s: ratio {ratio:.2f} (target <= 1.5)")  # fmt: skip
-    write_json(args.json, {"benchmark": "simulate-costs", "quick": args.quick, "walls_s": walls, "ratio": ratio})
+    print(
+        f"median wall: measured {statistics.median(walls['measured']):.2f} s, illustrative "
+        f"{statistics.median(walls['illustrative']):.2f} s: ratio {ratio:.2f} (target <= 1.5)"
+    )
+    write_json(
+        args.json, {"benchmark": "simulate-costs", "quick": args.quick, "walls_s": walls, "ratio": ratio}
+    )
 
 
 if __name__ == "__main__":

@@ -48,7 +48,9 @@ def prepared_grid(path: Path, tmp: Path) -> Path:
     """The grid to run: ``path`` with its trace path made absolute, written under ``tmp``."""
     text = path.read_text()
     base = path.parent
-    text = re.sub(r'^(trace\s*=\s*)"([^"]+)"', lambda m: f'{m[1]}"{(base / m[2]).resolve()}"', text, flags=re.M)
+    text = re.sub(
+        r'^(trace\s*=\s*)"([^"]+)"', lambda m: f'{m[1]}"{(base / m[2]).resolve()}"', text, flags=re.M
+    )
     out = tmp / path.name
     out.write_text(text)
     return out
@@ -56,8 +58,20 @@ def prepared_grid(path: Path, tmp: Path) -> Path:
 
 def run(grid: Path, out: Path, workers: int, executor: str, ray_address: str | None = None) -> dict:
     """One child ``cpkv sweep``: wall time, load averages, its summary line and results.csv."""
-    cmd = [sys.executable, "-m", "cpkv.cli", "sweep", str(grid), "--out", str(out), "--no-progress",
-           "--workers", str(workers), "--executor", executor]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "cpkv.cli",
+        "sweep",
+        str(grid),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--workers",
+        str(workers),
+        "--executor",
+        executor,
+    ]
     if executor == "ray" and ray_address:
         cmd += ["--ray-address", ray_address]
     load0 = os.getloadavg()[0]
@@ -67,9 +81,15 @@ def run(grid: Path, out: Path, workers: int, executor: str, ray_address: str | N
     if proc.returncode != 0:
         sys.exit(f"cpkv sweep failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     line = next(s for s in proc.stdout.splitlines() if " points: " in s)
-    return {"executor": executor, "workers": workers, "wall_s": wall, "load_before": load0,
-            "load_after": os.getloadavg()[0], "summary": line.split("; wrote")[0],
-            "csv": (out / "results.csv").read_bytes()}  # fmt: skip
+    return {
+        "executor": executor,
+        "workers": workers,
+        "wall_s": wall,
+        "load_before": load0,
+        "load_after": os.getloadavg()[0],
+        "summary": line.split("; wrote")[0],
+        "csv": (out / "results.csv").read_bytes(),
+    }
 
 
 def main() -> None:
@@ -89,30 +109,73 @@ def main() -> None:
         else:
             grid, note = prepared_grid(args.grid, tmp), ""
         executors = ["local", "ray"] if args.ray else ["local"]
-        runs = [run(grid, tmp / f"out-{r}-{executor}-{w}", w, executor, args.ray_address)
-                for r in range(args.rounds) for executor in executors for w in counts]  # fmt: skip
+        runs = [
+            run(grid, tmp / f"out-{r}-{executor}-{w}", w, executor, args.ray_address)
+            for r in range(args.rounds)
+            for executor in executors
+            for w in counts
+        ]
         again = run(grid, tmp / f"out-{args.rounds - 1}-local-{counts[-1]}", counts[-1], "local")
     if len({x["csv"] for x in runs + [again]}) != 1:
         sys.exit("results.csv differs between runs")
 
     def median_wall(executor: str, workers: int) -> float:
-        return statistics.median(x["wall_s"] for x in runs if x["workers"] == workers and x["executor"] == executor)
+        return statistics.median(
+            x["wall_s"] for x in runs if x["workers"] == workers and x["executor"] == executor
+        )
 
     base = {executor: median_wall(executor, counts[0]) for executor in executors}
-    rows = [[x["executor"], x["workers"], x["wall_s"], base[x["executor"]] / x["wall_s"], x["load_before"],
-             x["load_after"], x["summary"]] for x in runs]  # fmt: skip
-    rows.append(["local (re-run)", again["workers"], again["wall_s"], "-", again["load_before"], again["load_after"],
-                 again["summary"]])  # fmt: skip
-    print_table(f"cpkv sweep {args.grid.name if not args.quick else 'quick'}{note}; results.csv identical in every run",
-                ["executor", "workers", "wall s", f"speed-up vs {counts[0]} (same executor)", "load before",
-                 "load after", "sweep"], rows)  # fmt: skip
+    rows = [
+        [
+            x["executor"],
+            x["workers"],
+            x["wall_s"],
+            base[x["executor"]] / x["wall_s"],
+            x["load_before"],
+            x["load_after"],
+            x["summary"],
+        ]
+        for x in runs
+    ]
+    rows.append(
+        [
+            "local (re-run)",
+            again["workers"],
+            again["wall_s"],
+            "-",
+            again["load_before"],
+            again["load_after"],
+            again["summary"],
+        ]
+    )
+    print_table(
+        f"cpkv sweep {args.grid.name if not args.quick else 'quick'}{note}; results.csv identical in every run",
+        [
+            "executor",
+            "workers",
+            "wall s",
+            f"speed-up vs {counts[0]} (same executor)",
+            "load before",
+            "load after",
+            "sweep",
+        ],
+        rows,
+    )
     for executor in executors:
         for w in counts[1:]:
             wall = median_wall(executor, w)
-            print(f"{executor}: median wall {base[executor]:.1f} s with {counts[0]} worker(s), {wall:.1f} s with {w}: "
-                  f"speed-up {base[executor] / wall:.2f}x")
-    write_json(args.json, {"quick": args.quick, "note": note,
-                           "runs": [{k: v for k, v in x.items() if k != "csv"} for x in runs + [again]]})  # fmt: skip
+            print(
+                f"{executor}: median wall {base[executor]:.1f} s with {counts[0]} worker(s), {wall:.1f} s with {w}: "
+                f"speed-up {base[executor] / wall:.2f}x"
+            )
+    write_json(
+        args.json,
+        {
+            "quick": args.quick,
+            "note": note,
+            "runs": [{k: v for k, v in x.items() if k != "csv"} for x in runs + [again]],
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -34,11 +34,25 @@ from _common import parser, print_table, write_json
 GPU = "b200_sxm"
 MODELS = ("nvidia/GLM-5.2-NVFP4", "zai-org/GLM-5-FP8")
 CP, ISL = 8, 32768
-MEASURED = {"DSA (attention, no big comm)": 3808.0, "  of which AG_KV": 55.0, "  of which AG_LSE": 94.0,
-            "AG_hidden": 622.0, "MoE": 2430.0, "RS": 610.0, "layer (RS to RS)": 7470.0}  # fmt: skip
+MEASURED = {
+    "DSA (attention, no big comm)": 3808.0,
+    "  of which AG_KV": 55.0,
+    "  of which AG_LSE": 94.0,
+    "AG_hidden": 622.0,
+    "MoE": 2430.0,
+    "RS": 610.0,
+    "layer (RS to RS)": 7470.0,
+}
 """Measured microseconds, aiconfigurator docs/CONTEXT_PARALLEL_DSA_MODELING.md sections 7 and 8."""
-AIC_PREDICTED = {"DSA (attention, no big comm)": 4537.0, "  of which AG_KV": 54.0, "  of which AG_LSE": 100.0,
-                 "AG_hidden": 628.0, "MoE": 2047.0, "RS": 658.0, "layer (RS to RS)": 7870.0}  # fmt: skip
+AIC_PREDICTED = {
+    "DSA (attention, no big comm)": 4537.0,
+    "  of which AG_KV": 54.0,
+    "  of which AG_LSE": 100.0,
+    "AG_hidden": 628.0,
+    "MoE": 2047.0,
+    "RS": 658.0,
+    "layer (RS to RS)": 7870.0,
+}
 """aiconfigurator's own prediction of the same layer (the document's section 8)."""
 INDEX_KEY_BF16, LATENT_BF16 = 128 * 2, 576 * 2
 
@@ -59,11 +73,12 @@ def cpkv_layer(model: str) -> dict[str, float]:
     hidden = per_rank * t.hidden_size * 2
     out = {
         "DSA (attention, no big comm)": base + indexer + ag_kv + ag_lse,
-        "  of which AG_KV": ag_kv, "  of which AG_LSE": ag_lse,
+        "  of which AG_KV": ag_kv,
+        "  of which AG_LSE": ag_lse,
         "AG_hidden": float(comm.allgather_ms(hidden, CP)),
         "MoE": float(t.group(ISL)) / layers,
         "RS": float(comm.reduce_scatter_ms(hidden, CP)),
-    }  # fmt: skip
+    }
     out["layer (RS to RS)"] = sum(out[k] for k in ("DSA (attention, no big comm)", "AG_hidden", "MoE", "RS"))
     return {k: v * 1000 for k, v in out.items()}  # ms -> us
 
@@ -91,13 +106,27 @@ def main() -> None:
     for m in models:
         short = m.split("/")[1]
         header += [f"cpkv us ({short})", "diff %"]
-    print_table(f"One DSA prefill layer, CP {CP}, {ISL:,}-token prompt, round-robin split, KV all-gathered, MoE TP "
-                f"{CP}: cpkv ({GPU}, sglang tables) against the measured run of aiconfigurator's "
-                "docs/CONTEXT_PARALLEL_DSA_MODELING.md (GLM-5-NVFP4, 8 x B200)", header, rows)  # fmt: skip
+    print_table(
+        f"One DSA prefill layer, CP {CP}, {ISL:,}-token prompt, round-robin split, KV all-gathered, MoE TP "
+        f"{CP}: cpkv ({GPU}, sglang tables) against the measured run of aiconfigurator's "
+        "docs/CONTEXT_PARALLEL_DSA_MODELING.md (GLM-5-NVFP4, 8 x B200)",
+        header,
+        rows,
+    )
     print(f"error band of cpkv's absolute times: {ERROR_BAND}")
-    write_json(args.json, {"quick": args.quick, "cp_size": CP, "isl": ISL, "gpu": GPU, "measured_us": MEASURED,
-                           "aiconfigurator_predicted_us": AIC_PREDICTED, "cpkv_us": ours,
-                           "error_band": ERROR_BAND})  # fmt: skip
+    write_json(
+        args.json,
+        {
+            "quick": args.quick,
+            "cp_size": CP,
+            "isl": ISL,
+            "gpu": GPU,
+            "measured_us": MEASURED,
+            "aiconfigurator_predicted_us": AIC_PREDICTED,
+            "cpkv_us": ours,
+            "error_band": ERROR_BAND,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -75,7 +75,9 @@ def check_allocators(sg) -> None:
         m = -(-1000 // page_size)
         want = oracle.out_cache_loc(0, 1000, -1, list(range(1, m + 1)), page_size)
         if got.tolist() != want:
-            raise SystemExit(f"check failed: SGLang's alloc_extend slots differ from the oracle (P={page_size})")
+            raise SystemExit(
+                f"check failed: SGLang's alloc_extend slots differ from the oracle (P={page_size})"
+            )
         assert_same(got, ours.extend(b, [0], [1000], [-1]), "fresh request")
         rng = np.random.default_rng(page_size)
         rows = {0: got}  # request id -> its slots so far
@@ -107,7 +109,9 @@ def check_sharded(contenders: dict) -> None:
         out = a.extend(alloc, [0, 0], [8 * P + 3, 5 * P], [-1, -1])
         pages = np.unique(out // P)
         if out.shape[0] != 13 * P + 3 or pages.shape[0] != 14 or pages.min() < a.C:
-            raise SystemExit(f"check failed: {name}'s sharded alloc_extend gave {pages.shape[0]} pages {pages[:4]} ...")
+            raise SystemExit(
+                f"check failed: {name}'s sharded alloc_extend gave {pages.shape[0]} pages {pages[:4]} ..."
+            )
         lanes = np.bincount(np.unique(out[: 8 * P + 3] // P) % a.C, minlength=a.C)
         if name == "cpkv" and lanes.max() - lanes.min() > 1:
             raise SystemExit(f"check failed: cpkv's 9 pages of one request on lanes {lanes.tolist()}")
@@ -137,8 +141,11 @@ def replay_round(make, prompts, convert) -> tuple[float, object]:
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--cases", default="bulk,one,decode,replay,sharded",
-                   help="comma-separated case groups to run (default: bulk,one,decode,replay,sharded)")  # fmt: skip
+    p.add_argument(
+        "--cases",
+        default="bulk,one,decode,replay,sharded",
+        help="comma-separated case groups to run (default: bulk,one,decode,replay,sharded)",
+    )
     args = p.parse_args()
     groups = set(args.cases.split(","))
     sg = _sglang_peer.load()
@@ -147,7 +154,10 @@ def main() -> None:
         return
     quick = args.quick
     torch.set_num_threads(1)  # both single-threaded: on a shared 2-core box torch's 2 OpenMP threads stall
-    print(f"SGLang {sg.version}, torchvision stubbed: {sg.torchvision_stubbed}; checking its outputs ...", flush=True)
+    print(
+        f"SGLang {sg.version}, torchvision stubbed: {sg.torchvision_stubbed}; checking its outputs ...",
+        flush=True,
+    )
     check_allocators(sg)
     rounds = 3 if quick else 11
     rows, out = [], {}
@@ -164,12 +174,24 @@ def main() -> None:
     # Bulk alloc_extend + free, and one 64-token request.
     for E in ([8192] if quick else [8192, 65536, 1 << 20]) if "bulk" in groups else []:
         pages, calls = E // P + 8, max(1, (1 << 20) // E // (16 if quick else 1))
-        c = {"cpkv": CpkvAlloc(1, P, pages), "sglang": SGLangAlloc(sg, P, pages), "cpkv_c8": CpkvAlloc(8, P, pages + 64)}
+        c = {
+            "cpkv": CpkvAlloc(1, P, pages),
+            "sglang": SGLangAlloc(sg, P, pages),
+            "cpkv_c8": CpkvAlloc(8, P, pages + 64),
+        }
         fns = {k: (lambda v=v, E=E, calls=calls: v.extend_free(E, calls)) for k, v in c.items()}
         add(f"bulk extend+free {E:,}", alternate(rounds, fns), calls, "ms/call", 1e3)
     calls = 50 if quick else 500
-    c = {} if "one" not in groups else {"cpkv": CpkvAlloc(1, P, 64), "sglang": SGLangAlloc(sg, P, 64), "cpkv_c8": CpkvAlloc(8, P, 64),
-         "cpkv_c8_plan": CpkvAlloc(8, P, 64, plan=True)}  # fmt: skip
+    c = (
+        {}
+        if "one" not in groups
+        else {
+            "cpkv": CpkvAlloc(1, P, 64),
+            "sglang": SGLangAlloc(sg, P, 64),
+            "cpkv_c8": CpkvAlloc(8, P, 64),
+            "cpkv_c8_plan": CpkvAlloc(8, P, 64, plan=True),
+        }
+    )
     if c:
         fns = {k: (lambda v=v: v.extend_free(64, calls)) for k, v in c.items()}
         add("one 64-token request", alternate(rounds, fns), calls, "us/call", 1e6)
@@ -178,20 +200,32 @@ def main() -> None:
     # (SGLang column: PageInterleavePoolAllocator; cpkv C=1 column: cpkv's OwnerLaneTokenToKVPoolAllocator
     # at C = 8). SGLang's sharded allocator has no decode allocation (prefill nodes only).
     for E in ([8192, 64] if quick else [8192, 65536, 64]) if "sharded" in groups else []:
-        pages, calls = E // P + 64, (50 if quick else 500) if E == 64 else max(1, (1 << 20) // E // (16 if quick else 1))
+        pages, calls = (
+            E // P + 64,
+            (50 if quick else 500) if E == 64 else max(1, (1 << 20) // E // (16 if quick else 1)),
+        )
         c = {"cpkv": ShardedAlloc(sg, "cpkv", 8, P, pages), "sglang": ShardedAlloc(sg, "sglang", 8, P, pages)}
         check_sharded(c)
         fns = {k: (lambda v=v, E=E, calls=calls: v.extend_free(E, calls)) for k, v in c.items()}
-        add(f"sharded C=8 extend+free {E:,} (SGLang: PageInterleave)", alternate(rounds, fns), calls,
-            "us/call" if E == 64 else "ms/call", 1e6 if E == 64 else 1e3)  # fmt: skip
+        add(
+            f"sharded C=8 extend+free {E:,} (SGLang: PageInterleave)",
+            alternate(rounds, fns),
+            calls,
+            "us/call" if E == 64 else "ms/call",
+            1e6 if E == 64 else 1e3,
+        )
 
     # Decode steps: B requests of random lengths (prefilled untimed), then `steps` steps of all of them.
     steps = 8 if quick else 64
     for B in ([64] if quick else [64, 256]) if "decode" in groups else []:
         seq = np.random.default_rng(B).integers(1, 4096, B)
         pages = int((seq // P + 2).sum()) + B
-        c = {"cpkv": CpkvAlloc(1, P, pages), "sglang": SGLangAlloc(sg, P, pages),
-             "cpkv_c8": CpkvAlloc(8, P, pages + 8 * B), "cpkv_c8_plan": CpkvAlloc(8, P, pages + 8 * B, plan=True)}
+        c = {
+            "cpkv": CpkvAlloc(1, P, pages),
+            "sglang": SGLangAlloc(sg, P, pages),
+            "cpkv_c8": CpkvAlloc(8, P, pages + 8 * B),
+            "cpkv_c8_plan": CpkvAlloc(8, P, pages + 8 * B, plan=True),
+        }
         fns = {k: (lambda v=v, seq=seq: v.decode(seq, steps)[0]) for k, v in c.items()}
         add(f"decode step, {B} requests", alternate(rounds, fns), steps, "us/step", 1e6)
 
@@ -223,31 +257,53 @@ def main() -> None:
         if any(len({r.hit_tokens for r in v}) != 1 for v in reps.values()):
             raise SystemExit("check failed: a contender's hit tokens differ between rounds")
         if any(v[0].failed for v in reps.values()):
-            raise SystemExit(f"check failed: failed allocations {({k: v[0].failed for k, v in reps.items()})}")
+            raise SystemExit(
+                f"check failed: failed allocations { ({k: v[0].failed for k, v in reps.items()}) }"
+            )
         gap = abs(hits["cpkv"] - hits["sglang"]) / max(1, hits["sglang"])
         if gap > HIT_TOLERANCE:
             raise SystemExit(f"check failed: hit tokens differ by {gap:.2%}: {hits}")
         case = f"prefix replay {n_req:,} req, {pool:,} pages"
         add(case, times, 1, "s/replay", 1.0)
-        out[case].update(hit_tokens=hits, hit_gap=gap, reference_unbounded_hits=reference,
-                         steps_s={k: {s: v[0].step_s[s] for s in STEPS} for k, v in reps.items()})  # fmt: skip
+        out[case].update(
+            hit_tokens=hits,
+            hit_gap=gap,
+            reference_unbounded_hits=reference,
+            steps_s={k: {s: v[0].step_s[s] for s in STEPS} for k, v in reps.items()},
+        )
         for k in ("sglang", "cpkv", "cpkv_c8"):
             replay_rows.append([case, k, f"{hits[k]:,}", *[reps[k][0].step_s[s] * 1e3 for s in STEPS]])
 
     print()
-    print_table(f"cpkv / SGLang {sg.version} (medians of {rounds} alternated rounds; ratio < 1: cpkv faster)", HEADER, rows)
+    print_table(
+        f"cpkv / SGLang {sg.version} (medians of {rounds} alternated rounds; ratio < 1: cpkv faster)",
+        HEADER,
+        rows,
+    )
     if replay_rows:
-        print_table("prefix replay by step (first round, ms)", ["case", "who", "hit tokens", *STEPS], replay_rows)
-    write_json(args.json, {"benchmark": "vs_sglang", "quick": quick, "sglang": sg.version,
-                           "torchvision_stubbed": sg.torchvision_stubbed, "cases": out})  # fmt: skip
+        print_table(
+            "prefix replay by step (first round, ms)", ["case", "who", "hit tokens", *STEPS], replay_rows
+        )
+    write_json(
+        args.json,
+        {
+            "benchmark": "vs_sglang",
+            "quick": quick,
+            "sglang": sg.version,
+            "torchvision_stubbed": sg.torchvision_stubbed,
+            "cases": out,
+        },
+    )
 
 
 def check_unbounded(sg, prompts, page_size) -> None:
     """With a pool that never evicts, both caches must hit exactly the reference's tokens."""
     want = reference_hit_tokens(prompts, page_size)
     pool = sum(t.shape[0] // page_size + 1 for t in prompts) + 8
-    for rep, conv in ((SGLangReplay(sg, page_size, pool), as_array),
-                      (CpkvReplay(1, page_size, pool), lambda t: t)):  # fmt: skip
+    for rep, conv in (
+        (SGLangReplay(sg, page_size, pool), as_array),
+        (CpkvReplay(1, page_size, pool), lambda t: t),
+    ):
         for t in prompts:
             rep.request(conv(t))
         if rep.hit_tokens != want:
@@ -261,8 +317,18 @@ def as_array(t: np.ndarray) -> array:
     return a
 
 
-HEADER = ["case", "unit", "SGLang", "cpkv C=1", "ratio", "ratio range", "cpkv C=8", "ratio C=8", "C=8 +.plan",
-          "ratio +.plan"]  # fmt: skip
+HEADER = [
+    "case",
+    "unit",
+    "SGLang",
+    "cpkv C=1",
+    "ratio",
+    "ratio range",
+    "cpkv C=8",
+    "ratio C=8",
+    "C=8 +.plan",
+    "ratio +.plan",
+]
 
 
 if __name__ == "__main__":

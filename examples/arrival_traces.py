@@ -41,8 +41,10 @@ def main(out_dir: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name in NAMES:
-        lines = [json.dumps({"timestamp": t, "input_length": n, "output_length": 0, "hash_ids": [i]})
-                 for i, (t, n) in enumerate(rows(name))]  # fmt: skip
+        lines = [
+            json.dumps({"timestamp": t, "input_length": n, "output_length": 0, "hash_ids": [i]})
+            for i, (t, n) in enumerate(rows(name))
+        ]
         (out / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
         print(out / f"{name}.jsonl", len(lines), "requests")
 

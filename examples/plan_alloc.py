@@ -11,7 +11,14 @@ from cpkv import CPConfig, OwnerLaneAllocator, mqa_logits_elements, plan_request
 
 cfg = CPConfig(cp_size=4, page_size=64, owner_policy="balanced")  # the default policy; rotation | legacy
 plan = plan_request(100, 200, cfg, head_owner=1)  # 100 tokens cached (last page on lane 1), 200 new
-print("phase", plan.phase, "page owners", plan.page_owners.tolist(), "tokens per rank", plan.per_rank_tokens.tolist())
+print(
+    "phase",
+    plan.phase,
+    "page owners",
+    plan.page_owners.tolist(),
+    "tokens per rank",
+    plan.per_rank_tokens.tolist(),
+)
 print("logits elements per rank", mqa_logits_elements(plan).tolist())
 
 alloc = OwnerLaneAllocator(cfg, pages_per_lane=8)

@@ -31,15 +31,19 @@ prompts = m.scaled_prompts(TRACE, 300, 4)
 
 
 def show(what: str, s) -> None:
-    print(f"{what:30s}: {s.requests} requests in {s.steps} steps; hit tokens device {s.device_hit_tokens}, "
-          f"host {s.host_hit_tokens}, L3 {s.storage_hit_tokens}; computed {s.computed_tokens}; pages loaded back "
-          f"{s.load_back_pages}, recomputed {s.pages_recomputed}; lane peak {s.lane_peak} of 96 pages, imbalance "
-          f"peak {s.imbalance_peak:.3f}; {s.invariant_checks} invariant checks, {s.checked_pages} cached pages checked")
+    print(
+        f"{what:30s}: {s.requests} requests in {s.steps} steps; hit tokens device {s.device_hit_tokens}, "
+        f"host {s.host_hit_tokens}, L3 {s.storage_hit_tokens}; computed {s.computed_tokens}; pages loaded back "
+        f"{s.load_back_pages}, recomputed {s.pages_recomputed}; lane peak {s.lane_peak} of 96 pages, imbalance "
+        f"peak {s.imbalance_peak:.3f}; {s.invariant_checks} invariant checks, {s.checked_pages} cached pages checked"
+    )
 
 
 with tempfile.TemporaryDirectory() as l3:
     loop = m.EngineLoop(m.LoopConfig(allocator="cpkv", cp_size=4, page_size=4, rank_pages=96, storage_dir=l3))
     show("trace order", loop.run(prompts))
     show("+ reverse order", loop.run(prompts[::-1]))
-    restarted = m.EngineLoop(m.LoopConfig(allocator="cpkv", cp_size=4, page_size=4, rank_pages=96, storage_dir=l3))
+    restarted = m.EngineLoop(
+        m.LoopConfig(allocator="cpkv", cp_size=4, page_size=4, rank_pages=96, storage_dir=l3)
+    )
     show("restart (new cache), first 60", restarted.run(prompts[:60]))

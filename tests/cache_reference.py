@@ -25,13 +25,27 @@ from hypothesis import strategies as st
 BASES = ([1, 2, 3, 1] * 6, [1, 2, 3, 2] * 6, [3] * 24, [2, 1] * 12)
 PROMPTS = st.builds(
     lambda b, cut, tail: (BASES[b][:cut] + tail) or [1],
-    st.integers(0, len(BASES) - 1), st.integers(0, 24), st.lists(st.integers(1, 3), max_size=5),
+    st.integers(0, len(BASES) - 1),
+    st.integers(0, 24),
+    st.lists(st.integers(1, 3), max_size=5),
 )
 
 
 class Page:
-    __slots__ = ("parent", "children", "depth", "page", "lane", "key", "lock_ref", "own", "stamp", "gen",
-                 "alive", "leaving")  # fmt: skip
+    __slots__ = (
+        "parent",
+        "children",
+        "depth",
+        "page",
+        "lane",
+        "key",
+        "lock_ref",
+        "own",
+        "stamp",
+        "gen",
+        "alive",
+        "leaving",
+    )
 
     def __init__(self, parent, depth):
         self.parent, self.children, self.depth = parent, {}, depth
@@ -52,9 +66,21 @@ class RefCache:
         self.root = Page(None, -1)
         self.clock = self.next_key = 0
         self.host = [OrderedDict() for _ in range(self.C)]  # lane -> key -> page node, LRU first
-        self.n = dict.fromkeys(("hits", "misses", "inserted_pages", "duplicate_pages", "backups",
-                                "host_evictions", "host_dropped", "load_backs",
-                                "load_back_owner_lane_capacity_failed", "load_back_failed_pages"), 0)  # fmt: skip
+        self.n = dict.fromkeys(
+            (
+                "hits",
+                "misses",
+                "inserted_pages",
+                "duplicate_pages",
+                "backups",
+                "host_evictions",
+                "host_dropped",
+                "load_backs",
+                "load_back_owner_lane_capacity_failed",
+                "load_back_failed_pages",
+            ),
+            0,
+        )
         self.evicted, self.collateral = [0] * self.C, [0] * self.C
 
     # ------------------------------------------------------------------------------------- queries
@@ -158,7 +184,11 @@ class RefCache:
     def evict(self, lane, num_pages):
         steps, freed = [], 0
         while freed < num_pages:
-            cands = [n for n in self.pages() if n.page >= 0 and not n.leaving and n.lock_ref == 0 and n.lane == lane]
+            cands = [
+                n
+                for n in self.pages()
+                if n.page >= 0 and not n.leaving and n.lock_ref == 0 and n.lane == lane
+            ]
             if not cands:
                 break
             x = min(cands, key=lambda n: (n.stamp, -n.depth))

@@ -24,13 +24,20 @@ class OptionalExtra:
         if self.installed:
             return
         if self.required:
-            pytest.fail(f"{self.env}=1 but {self.what} is not installed "
-                        f"(pip install '.[{self.extra}]' in a cpkv checkout)")
+            pytest.fail(
+                f"{self.env}=1 but {self.what} is not installed "
+                f"(pip install '.[{self.extra}]' in a cpkv checkout)"
+            )
         pytest.skip(f"{self.skip}: pip install '.[{self.extra}]' in a cpkv checkout")
 
 
-COST = OptionalExtra("aiconfigurator_core", "CPKV_REQUIRE_COST", "cost", "aiconfigurator",
-                     "needs the cost extra (aiconfigurator)")  # fmt: skip
+COST = OptionalExtra(
+    "aiconfigurator_core",
+    "CPKV_REQUIRE_COST",
+    "cost",
+    "aiconfigurator",
+    "needs the cost extra (aiconfigurator)",
+)
 """The measured cost model's tests (``cost`` extra)."""
 RAY = OptionalExtra("ray", "CPKV_REQUIRE_RAY", "ray", "Ray", "needs the ray extra")
 """The Ray executor's tests (``ray`` extra)."""

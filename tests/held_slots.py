@@ -25,7 +25,9 @@ class HeldSlots:
         slot is held already (by any request) or listed twice, or lies on a page another request holds."""
         assert len(set(slots)) == len(slots), f"slots listed twice in one allocation: {slots}"
         for s in slots:
-            assert s not in self.owner, f"slot {s} handed out twice: request {self.owner[s]} holds it, now {rid}"
+            assert s not in self.owner, (
+                f"slot {s} handed out twice: request {self.owner[s]} holds it, now {rid}"
+            )
         others = {s // self.P for r, held in self.requests.items() if r != rid for s in held}
         shared = sorted(others & {s // self.P for s in slots})
         assert not shared, f"pages {shared} of request {rid} are held by another request"

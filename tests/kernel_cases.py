@@ -25,7 +25,12 @@ POLICIES = ("rotation", "legacy", "balanced")
 STRATEGIES = ("zigzag", "interleave")
 ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.uint8, torch.int32)
 SLOT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-_BITS = {1: (torch.uint8, np.uint8), 2: (torch.int16, np.int16), 4: (torch.int32, np.int32), 8: (torch.int64, np.int64)}
+_BITS = {
+    1: (torch.uint8, np.uint8),
+    2: (torch.int16, np.int16),
+    4: (torch.int32, np.int32),
+    8: (torch.int64, np.int64),
+}
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,9 @@ def batches(draw, cp_sizes=CP_SIZES, page_sizes=PAGE_SIZES, max_requests: int = 
         k = draw(st.integers(0, 6))
         L0.append(draw(st.sampled_from([0, k * P, k * P + draw(st.integers(0, P - 1))])))
         budget = max(0, max_tokens // max(B, 1))
-        E.append(draw(st.sampled_from([0, min(budget, draw(st.integers(1, 2 * C))), draw(st.integers(0, budget))])))
+        E.append(
+            draw(st.sampled_from([0, min(budget, draw(st.integers(1, 2 * C))), draw(st.integers(0, budget))]))
+        )
     heads = [draw(st.integers(0, C - 1)) for _ in range(B)]
     phases = draw(st.one_of(st.none(), st.lists(st.integers(0, C - 1), min_size=B, max_size=B)))
     policy = draw(st.sampled_from(POLICIES))
@@ -63,7 +70,9 @@ def batches(draw, cp_sizes=CP_SIZES, page_sizes=PAGE_SIZES, max_requests: int = 
     plan = plan_batch(L0, E, CPConfig(C, P, policy, strategy), head_owners=heads, phases=phases)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     num_pages = plan.page_owners.shape[0]
-    pages = rng.permutation(num_pages + B + 8)[:num_pages] + 1  # distinct ids, any lane: the kernel trusts them
+    pages = (
+        rng.permutation(num_pages + B + 8)[:num_pages] + 1
+    )  # distinct ids, any lane: the kernel trusts them
     last = np.where(plan.prefix_lens > 0, rng.integers(1, 64, size=B) * P + (plan.prefix_lens - 1) % P, -1)
     return Batch(plan=plan, last_locs=last.astype(np.int64), new_pages=pages.astype(np.int64))
 
@@ -118,13 +127,19 @@ def check_fill_out_cache_loc(batch: Batch, device, use_out: bool = False) -> tor
     for i in range(plan.num_requests):
         p0, p1 = plan.page_indptr[i], plan.page_indptr[i + 1]
         expected += oracle.out_cache_loc(
-            int(plan.prefix_lens[i]), int(plan.extend_lens[i]), int(last[i]), pages[p0:p1].tolist(), plan.config.page_size
+            int(plan.prefix_lens[i]),
+            int(plan.extend_lens[i]),
+            int(last[i]),
+            pages[p0:p1].tolist(),
+            plan.config.page_size,
         )
     assert got.cpu().tolist() == expected
     return got
 
 
-def check_translations(layout: SharedKVLayout, slots: np.ndarray, dtype: torch.dtype, device, use_out: bool) -> None:
+def check_translations(
+    layout: SharedKVLayout, slots: np.ndarray, dtype: torch.dtype, device, use_out: bool
+) -> None:
     """``read_slots`` / ``write_slots`` / ``owned_mask`` on a device tensor equal ``SharedKVLayout`` on numpy.
 
     Slots that ``dtype`` cannot hold are dropped first (uint8: negatives; narrow types: big slots).
@@ -163,7 +178,9 @@ def _reference(fn, slots: np.ndarray):
         return e
 
 
-def check_rerange(batch: Batch, width: int, dtype: torch.dtype, device, seed: int, use_out: bool = False) -> None:
+def check_rerange(
+    batch: Batch, width: int, dtype: torch.dtype, device, seed: int, use_out: bool = False
+) -> None:
     """``all_gather_rerange`` equals ``gathered[gather_index]`` and the inverse ``zeros; [gather_index] = flat``,
     bit for bit; and the inverse of the rerange gives back the gathered rows with the padding zeroed."""
     plan = batch.plan

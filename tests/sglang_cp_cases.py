@@ -63,7 +63,10 @@ def assert_same(ours, theirs, what: str) -> None:
     holding equal values; lists element by element with their element types."""
     if isinstance(theirs, torch.Tensor):
         assert isinstance(ours, torch.Tensor), f"{what}: {type(ours).__name__}, SGLang's is a tensor"
-        kind, their_kind = (ours.dtype, ours.device, list(ours.shape)), (theirs.dtype, theirs.device, list(theirs.shape))
+        kind, their_kind = (
+            (ours.dtype, ours.device, list(ours.shape)),
+            (theirs.dtype, theirs.device, list(theirs.shape)),
+        )
         assert kind == their_kind, f"{what}: {kind} vs SGLang's {their_kind}"
         assert torch.equal(ours, theirs), f"{what}: {ours.tolist()} vs SGLang's {theirs.tolist()}"
         return

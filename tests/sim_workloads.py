@@ -17,12 +17,19 @@ def workloads(draw, max_draft_tokens: int = 4, max_requests: int = 24):
     caps = draw(st.one_of(st.integers(2, 12), st.lists(st.integers(2, 12), min_size=C, max_size=C)))
     budget = draw(st.one_of(st.just(0), st.integers(2 * P, 300 * P * P)))
     cfg = SimConfig(
-        cp_size=C, page_size=P, pages_per_lane=caps, chunk_size=draw(st.integers(1, 6 * P)),
-        max_batch_tokens=draw(st.integers(1, 12 * P)), max_running=draw(st.integers(1, 6)),
-        host_pages_per_lane=draw(st.sampled_from([0, 4, 64])), colocated_decode=draw(st.booleans()),
+        cp_size=C,
+        page_size=P,
+        pages_per_lane=caps,
+        chunk_size=draw(st.integers(1, 6 * P)),
+        max_batch_tokens=draw(st.integers(1, 12 * P)),
+        max_running=draw(st.integers(1, 6)),
+        host_pages_per_lane=draw(st.sampled_from([0, 4, 64])),
+        colocated_decode=draw(st.booleans()),
         spec_draft_tokens=draw(st.sampled_from([0, 0, *range(1, max_draft_tokens + 1)])),
-        spec_accept_rate=draw(st.sampled_from([0, 0.5, 1])), logits_budget_mb=budget * 4 / 2**20, livelock_steps=48,
-    )  # fmt: skip
+        spec_accept_rate=draw(st.sampled_from([0, 0.5, 1])),
+        logits_budget_mb=budget * 4 / 2**20,
+        livelock_steps=48,
+    )
     reqs, t = [], 0.0
     for i in range(draw(st.integers(1, max_requests))):
         length = draw(st.integers(1, 8 * P))

@@ -13,10 +13,24 @@ from .errors import ConfigError
 from .validate import INT64_MAX, check_cp_size, check_int, check_lane, per_lane_ints
 
 __all__ = [
-    "BALANCED", "CP_STRATEGIES", "CP_STRATEGY_ENV", "DEFAULT_CP_STRATEGY", "DEFAULT_OWNER_POLICY", "INT64_MAX",
-    "INTERLEAVE", "LEGACY", "OWNER_POLICIES", "OWNER_POLICY_ENV", "ROTATION", "ZIGZAG", "CPConfig", "check_cp_size",
-    "check_int", "check_lane", "per_lane_ints",
-]  # fmt: skip
+    "BALANCED",
+    "CP_STRATEGIES",
+    "CP_STRATEGY_ENV",
+    "DEFAULT_CP_STRATEGY",
+    "DEFAULT_OWNER_POLICY",
+    "INT64_MAX",
+    "INTERLEAVE",
+    "LEGACY",
+    "OWNER_POLICIES",
+    "OWNER_POLICY_ENV",
+    "ROTATION",
+    "ZIGZAG",
+    "CPConfig",
+    "check_cp_size",
+    "check_int",
+    "check_lane",
+    "per_lane_ints",
+]
 
 ROTATION, LEGACY, BALANCED = "rotation", "legacy", "balanced"
 """The owner policies by name (``CPConfig.owner_policy`` holds one of them; ``policy.py`` has their rules)."""
@@ -72,10 +86,30 @@ class CPConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "cp_size", check_cp_size(self.cp_size))
         object.__setattr__(self, "page_size", check_int("page_size", self.page_size, 1))
-        object.__setattr__(self, "owner_policy", _resolve(self.owner_policy, "owner_policy", OWNER_POLICY_ENV,
-                                                          DEFAULT_OWNER_POLICY, OWNER_POLICIES, "an owner policy"))
-        object.__setattr__(self, "cp_strategy", _resolve(self.cp_strategy, "cp_strategy", CP_STRATEGY_ENV,
-                                                         DEFAULT_CP_STRATEGY, CP_STRATEGIES, "a CP strategy"))
+        object.__setattr__(
+            self,
+            "owner_policy",
+            _resolve(
+                self.owner_policy,
+                "owner_policy",
+                OWNER_POLICY_ENV,
+                DEFAULT_OWNER_POLICY,
+                OWNER_POLICIES,
+                "an owner policy",
+            ),
+        )
+        object.__setattr__(
+            self,
+            "cp_strategy",
+            _resolve(
+                self.cp_strategy,
+                "cp_strategy",
+                CP_STRATEGY_ENV,
+                DEFAULT_CP_STRATEGY,
+                CP_STRATEGIES,
+                "a CP strategy",
+            ),
+        )
 
 
 def _resolve(value, field: str, env: str, default: str, allowed: tuple[str, ...], what: str) -> str:

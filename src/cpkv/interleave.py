@@ -30,7 +30,9 @@ def cyclic(start: int, n: int, cp_size: int) -> np.ndarray:
     """
     out = np.empty(n, dtype=_I64)
     k = min(n, cp_size)
-    out[:k] = (start + RAMP[:k]) % cp_size if k <= RAMP.shape[0] else (start + np.arange(k, dtype=_I64)) % cp_size
+    out[:k] = (
+        (start + RAMP[:k]) % cp_size if k <= RAMP.shape[0] else (start + np.arange(k, dtype=_I64)) % cp_size
+    )
     filled = k
     while filled < n:
         c = min(filled, n - filled)
@@ -88,7 +90,11 @@ def interleave_split(E, h, head, phase, C: int, P: int):
         page_owners = _cyclic_view(int(phase[0]), N, C)
     else:  # flat page j of request i: lane (j + shift_i) % C, shift_i = (phase_i - first_i) % C in [0, C)
         shift = (phase - first[:-1]) % C
-        j = RAMP[:N] + np.repeat(shift, m) if N <= RAMP.shape[0] else np.arange(N, dtype=_I64) + np.repeat(shift, m)
+        j = (
+            RAMP[:N] + np.repeat(shift, m)
+            if N <= RAMP.shape[0]
+            else np.arange(N, dtype=_I64) + np.repeat(shift, m)
+        )
         page_owners = j & (C - 1) if C & (C - 1) == 0 else cyclic(0, N + C, C).take(j)
     has = m > 0
     last_owner = np.where(has, lane_mod(phase + m - 1, C), head)

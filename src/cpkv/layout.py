@@ -130,7 +130,9 @@ class SharedKVLayout:
         """
         if self.kind == "replicated":
             return self._same_slots(slots, out, check)
-        return self._translate(slots, "write", lambda s, p, o: (p // self.cp_size) * self.page_size + o, out, check)
+        return self._translate(
+            slots, "write", lambda s, p, o: (p // self.cp_size) * self.page_size + o, out, check
+        )
 
     def read_slots(self, slots, out=None, *, check: bool = True):
         """Row of each slot in the rank-major view, ``((p % C) * Q + p // C) * P + o`` (C-LAYOUT).
@@ -250,7 +252,9 @@ class SharedKVLayout:
         out.copy_(res) if torch_in else np.copyto(out, res)
         return out
 
-    def _translate_numpy(self, slots: np.ndarray, kind: str, out: np.ndarray | None = None) -> np.ndarray | None:
+    def _translate_numpy(
+        self, slots: np.ndarray, kind: str, out: np.ndarray | None = None
+    ) -> np.ndarray | None:
         """``kind`` ("lane", "write" or "read") of integer ``slots``, same dtype and shape, written into
         ``out`` (C-contiguous, same dtype and shape) or a new array; None when a slot is ``>= C*Q*P`` or a
         result may not fit the dtype (the caller then takes the formula path).
@@ -346,7 +350,11 @@ def _check_out(slots, out) -> None:
             )
         if not out.is_contiguous():
             raise LayoutError(f"out must be contiguous (strides {out.stride()})")
-        if out.numel() and slots.numel() and out.untyped_storage().data_ptr() == slots.untyped_storage().data_ptr():
+        if (
+            out.numel()
+            and slots.numel()
+            and out.untyped_storage().data_ptr() == slots.untyped_storage().data_ptr()
+        ):
             raise LayoutError("out shares memory with slots; translate into a separate buffer")
         return
     if not isinstance(out, np.ndarray):

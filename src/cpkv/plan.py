@@ -47,9 +47,11 @@ class RequestPlan:
     last_token_owner: int
 
     def __repr__(self) -> str:
-        return (f"RequestPlan(prefix_len={self.prefix_len}, extend_len={self.extend_len}, req_index={self.req_index}, "
-                f"phase={self.phase}, head_owner={self.head_owner}, new_pages={self.num_new_pages}, "
-                f"per_rank_tokens={self.per_rank_tokens.tolist()})")  # fmt: skip
+        return (
+            f"RequestPlan(prefix_len={self.prefix_len}, extend_len={self.extend_len}, req_index={self.req_index}, "
+            f"phase={self.phase}, head_owner={self.head_owner}, new_pages={self.num_new_pages}, "
+            f"per_rank_tokens={self.per_rank_tokens.tolist()})"
+        )
 
     @property
     def num_new_pages(self) -> int:
@@ -113,10 +115,12 @@ class BatchPlan:
     stamp: object = field(default=None, repr=False)
 
     def __repr__(self) -> str:
-        return (f"BatchPlan(cp_size={self.config.cp_size}, page_size={self.config.page_size}, "
-                f"owner_policy={self.config.owner_policy!r}, cp_strategy={self.config.cp_strategy!r}, "
-                f"requests={self.num_requests}, tokens={self.num_tokens}, "
-                f"new_pages={self.page_owners.shape[0]}, per_rank_tokens={self.per_rank_tokens.tolist()})")  # fmt: skip
+        return (
+            f"BatchPlan(cp_size={self.config.cp_size}, page_size={self.config.page_size}, "
+            f"owner_policy={self.config.owner_policy!r}, cp_strategy={self.config.cp_strategy!r}, "
+            f"requests={self.num_requests}, tokens={self.num_tokens}, "
+            f"new_pages={self.page_owners.shape[0]}, per_rank_tokens={self.per_rank_tokens.tolist()})"
+        )
 
     @property
     def num_requests(self) -> int:
@@ -171,7 +175,9 @@ class BatchPlan:
         runs = self.token_runs
         R = runs.length.shape[0]
         flat_start = np.add.accumulate(runs.length) - runs.length
-        a = (self.prefix_lens - self.extend_indptr[:-1])[runs.req] + flat_start  # [R] first position of each run
+        a = (self.prefix_lens - self.extend_indptr[:-1])[
+            runs.req
+        ] + flat_start  # [R] first position of each run
         new = np.empty(R + 1, dtype=bool)  # new[j]: run j starts a merged run (empty runs were dropped)
         new[0] = new[R] = True
         np.not_equal(runs.req[1:], runs.req[:-1], out=new[1:R])

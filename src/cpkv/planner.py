@@ -33,9 +33,16 @@ from .validate import (
 )
 
 __all__ = [  # the plan types (plan.py), MAX_POSITION, plan_bytes (validate.py), zigzag_lane_pages (policy.py) too
-    "MAX_POSITION", "BatchPlan", "RequestPlan", "owner_lane_phase", "plan_arrays", "plan_batch", "plan_bytes",
-    "plan_request", "zigzag_lane_pages",
-]  # fmt: skip
+    "MAX_POSITION",
+    "BatchPlan",
+    "RequestPlan",
+    "owner_lane_phase",
+    "plan_arrays",
+    "plan_batch",
+    "plan_bytes",
+    "plan_request",
+    "zigzag_lane_pages",
+]
 
 _I64 = np.int64
 
@@ -147,8 +154,17 @@ def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index:
     return plan_arrays(L0, E, config, head_owners=head_owners, phases=phases, first_index=first_index)
 
 
-def plan_arrays(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners, phases, first_index: int = 0,
-                lanes_valid: bool = False, stamp: object = None) -> BatchPlan:  # fmt: skip
+def plan_arrays(
+    L0: np.ndarray,
+    E: np.ndarray,
+    config: CPConfig,
+    *,
+    head_owners,
+    phases,
+    first_index: int = 0,
+    lanes_valid: bool = False,
+    stamp: object = None,
+) -> BatchPlan:
     """``plan_batch`` for a caller that has already checked the lengths (C-BATCH, C-HEAD, C-ZIGZAG,
     C-INTERLEAVE: ``config.cp_strategy`` picks the page rule).
 
@@ -209,10 +225,19 @@ def plan_arrays(L0: np.ndarray, E: np.ndarray, config: CPConfig, *, head_owners,
     max_rank = max(per_rank.tolist(), default=0)
     page_indptr = indptr(m)
     arrays = dict(
-        prefix_lens=L0, extend_lens=E, head_owners=head, request_phases=phase, page_owners=page_owners,
-        page_indptr=page_indptr, extend_indptr=indptr(E), head_tokens=h, per_request_rank_tokens=per_req,
-        per_rank_tokens=per_rank, last_token_owner=last_owner, req_indices=req_idx,
-    )  # fmt: skip
+        prefix_lens=L0,
+        extend_lens=E,
+        head_owners=head,
+        request_phases=phase,
+        page_owners=page_owners,
+        page_indptr=page_indptr,
+        extend_indptr=indptr(E),
+        head_tokens=h,
+        per_request_rank_tokens=per_req,
+        per_rank_tokens=per_rank,
+        last_token_owner=last_owner,
+        req_indices=req_idx,
+    )
     for arr in arrays.values():
         arr.setflags(write=False)
     return BatchPlan(config=config, max_rank_tokens=max_rank, token_runs=runs, stamp=stamp, **arrays)
@@ -240,7 +265,9 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
     m = -(-t // P)  # [B] new pages
     base, rem = np.divmod(m, S)
     pages, owner = _segment_rows(rem, phase, C)  # [B, S + 1] each, new arrays: pages per run [0, (s < m % 2C)
-    pages += base[:, None]  # for each segment s] plus m // 2C; owners [-, (z_s + phase) % C for each segment s]
+    pages += base[
+        :, None
+    ]  # for each segment s] plus m // 2C; owners [-, (z_s + phase) % C for each segment s]
     pages[:, 0] = 0  # ... and no page for the head run
     owner[:, 0] = head
     length = pages * P
@@ -251,8 +278,12 @@ def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, To
     flat_len[last] -= -t % P
     keep = (flat_len > 0).nonzero()[0]  # flat (request, run) index of every non-empty run
     flat_owner = owner.ravel()
-    runs = TokenRuns(req=keep // (S + 1), owner=flat_owner.take(keep), length=flat_len.take(keep),
-                     pages=pages.ravel().take(keep))  # fmt: skip
+    runs = TokenRuns(
+        req=keep // (S + 1),
+        owner=flat_owner.take(keep),
+        length=flat_len.take(keep),
+        pages=pages.ravel().take(keep),
+    )
     return m, np.repeat(flat_owner, pages.ravel()), runs, flat_owner.take(last)
 
 

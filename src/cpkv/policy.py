@@ -87,8 +87,14 @@ def zigzag_rank_pages(num_pages: np.ndarray, cp_size: int) -> np.ndarray:
     return 2 * base[:, None] + (z < rem[:, None]) + (2 * C - 1 - z < rem[:, None])
 
 
-def balanced_phases(prefix_lens: np.ndarray, extend_lens: np.ndarray, free_pages: np.ndarray, page_size: int,
-                    cp_size: int, cp_strategy: str = ZIGZAG) -> np.ndarray:  # fmt: skip
+def balanced_phases(
+    prefix_lens: np.ndarray,
+    extend_lens: np.ndarray,
+    free_pages: np.ndarray,
+    page_size: int,
+    cp_size: int,
+    cp_strategy: str = ZIGZAG,
+) -> np.ndarray:
     """C-BALANCED: each request's phase, requests in batch order (``balanced_phase``), ``[B]`` int64, with
     ``n_r(f)`` and ``k_r(f)`` counted by ``cp_strategy``'s rule (C-ZIGZAG or C-INTERLEAVE).
 
@@ -111,13 +117,16 @@ def balanced_phases(prefix_lens: np.ndarray, extend_lens: np.ndarray, free_pages
     transient = [0] * C
     partial = (end[rows] % P != 0).tolist()
     interleave = cp_strategy == INTERLEAVE
-    for i, pages, f, part in zip(rows.tolist(), m[rows].tolist(), rotation[rows].tolist(), partial, strict=True):
+    for i, pages, f, part in zip(
+        rows.tolist(), m[rows].tolist(), rotation[rows].tolist(), partial, strict=True
+    ):
         phases[i] = balanced_phase(free, transient, pages, f, part, interleave)
     return phases
 
 
-def balanced_phase(free: list[int], transient: list[int], m: int, rotation: int, partial: bool,
-                   interleave: bool = False) -> int:  # fmt: skip
+def balanced_phase(
+    free: list[int], transient: list[int], m: int, rotation: int, partial: bool, interleave: bool = False
+) -> int:
     """C-BALANCED phase of one request of ``m >= 1`` new pages (the one rule, also for one-page requests);
     pages counted by C-ZIGZAG, or by C-INTERLEAVE when ``interleave``.
 
@@ -171,7 +180,9 @@ def balanced_phase(free: list[int], transient: list[int], m: int, rotation: int,
         s, zl = 0, (m - 1) % C  # the window starts at the phase; zl: the last page's rank
     else:
         q, rem = divmod(m, 2 * C)
-        K, w, s = (2 * q, rem, 0) if rem < C else (2 * q + 1, rem - C, 2 * C - rem)  # rem = C: K + 1 everywhere
+        K, w, s = (
+            (2 * q, rem, 0) if rem < C else (2 * q + 1, rem - C, 2 * C - rem)
+        )  # rem = C: K + 1 everywhere
         zl = 0 if m >= 2 * C else (m - 1 if m <= C else 2 * C - m)  # zigzag rank of the last page
     last_in_window = s <= zl < s + w
     least = min(free)
@@ -208,8 +219,13 @@ def balanced_phase(free: list[int], transient: list[int], m: int, rotation: int,
     return f
 
 
-def one_page_lanes(prefix_lens: np.ndarray, extend_lens: np.ndarray | None, new_rows: np.ndarray,
-                   free_pages: np.ndarray, config: CPConfig) -> list[int]:  # fmt: skip
+def one_page_lanes(
+    prefix_lens: np.ndarray,
+    extend_lens: np.ndarray | None,
+    new_rows: np.ndarray,
+    free_pages: np.ndarray,
+    config: CPConfig,
+) -> list[int]:
     """Lane of each new page of a batch whose requests take at most one new page each, requests in batch
     order (each sees the pages of the earlier ones): a list of ``len(new_rows)`` ints.
 

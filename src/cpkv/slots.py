@@ -58,8 +58,14 @@ def extend_slots(plan: BatchPlan, last_locs: np.ndarray, new_pages: np.ndarray) 
     return expand_runs(start, length)
 
 
-def one_page_slots(prefix_lens: np.ndarray, extend_lens: np.ndarray | None, next_locs: np.ndarray,
-                   new_rows: np.ndarray, new_pages: np.ndarray, page_size) -> np.ndarray:  # fmt: skip
+def one_page_slots(
+    prefix_lens: np.ndarray,
+    extend_lens: np.ndarray | None,
+    next_locs: np.ndarray,
+    new_rows: np.ndarray,
+    new_pages: np.ndarray,
+    page_size,
+) -> np.ndarray:
     """``out_cache_loc`` of a batch whose requests each take at most one new page, int64 numpy ``[sum E]``.
 
     Args:

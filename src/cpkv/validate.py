@@ -52,7 +52,11 @@ def as_int(name: str, value: object, error: type[CpkvError] = ConfigError) -> in
 
 
 def check_int(
-    name: str, value: object, minimum: int, maximum: int | None = INT64_MAX, error: type[CpkvError] = ConfigError
+    name: str,
+    value: object,
+    minimum: int,
+    maximum: int | None = INT64_MAX,
+    error: type[CpkvError] = ConfigError,
 ) -> int:
     """Return ``value`` as an ``int`` when it is an integer in ``[minimum, maximum]``, else raise ``error``.
 
@@ -75,7 +79,9 @@ def check_lane(name: str, value: object, cp_size: int, error: type[CpkvError] = 
     A bool or non-integer is refused as such (``"rank must be an integer, got True"``), not as a lane out
     of range; an integer outside the lanes gives ``"rank=9 out of range [0, 8)"``.
     """
-    if type(value) is int and 0 <= value < cp_size:  # the common case (an eviction per lane and step), at once
+    if (
+        type(value) is int and 0 <= value < cp_size
+    ):  # the common case (an eviction per lane and step), at once
         return value
     lane = as_int(name, value, error)
     if not 0 <= lane < cp_size:
@@ -134,9 +140,14 @@ def check_len(name: str, value: object) -> int:
 
 # ------------------------------------------------------------------------------------------- arrays
 def as_int_array(
-    name: str, values: object, n: int | None = None, *, error: type[CpkvError] = PlanError,
-    flatten: bool = False, count_of: str = "prefix_lens",
-) -> np.ndarray:  # fmt: skip
+    name: str,
+    values: object,
+    n: int | None = None,
+    *,
+    error: type[CpkvError] = PlanError,
+    flatten: bool = False,
+    count_of: str = "prefix_lens",
+) -> np.ndarray:
     """``values`` as a 1-D int64 numpy array of length ``n`` (when given), else ``error`` naming ``name``.
 
     Accepts a list or tuple of ints (bools are refused, though numpy would take them as 0 and 1), an
@@ -214,7 +225,9 @@ def tensor_values(name: str, tensor, error: type[CpkvError] = PlanError) -> np.n
     """A tensor's values as numpy, or ``error`` naming ``name`` (no data, or a dtype numpy lacks)."""
     device = getattr(tensor, "device", None)
     if getattr(device, "type", None) == "meta":
-        raise error(f"{name} is a tensor on device meta, which holds no values; pass a CPU tensor, array or list")
+        raise error(
+            f"{name} is a tensor on device meta, which holds no values; pass a CPU tensor, array or list"
+        )
     try:
         return tensor.detach().cpu().numpy()
     except TypeError:  # e.g. bfloat16: numpy has no such dtype
@@ -235,7 +248,11 @@ def optional_lanes(name: str, values: object, n: int, cp_size: int) -> np.ndarra
     bad = np.flatnonzero((arr < -1) | (arr >= cp_size))
     if bad.size:
         i = int(bad[0])
-        lanes = f"[0, {cp_size}), or -1 (or None) for no head owner" if name == "head_owners" else f"[0, {cp_size})"
+        lanes = (
+            f"[0, {cp_size}), or -1 (or None) for no head owner"
+            if name == "head_owners"
+            else f"[0, {cp_size})"
+        )
         raise PlanError(f"request {i}: {name[:-1]}={int(arr[i])} out of range {lanes}")
     return arr
 
@@ -348,5 +365,8 @@ def check_plan_size(prefix_lens: np.ndarray, extend_lens: np.ndarray, config) ->
     tokens, pages, nbytes = plan_bytes(prefix_lens, extend_lens, config)
     limits.check_bytes(
         f"a plan of {extend_lens.shape[0]:,} request(s), {tokens:,} tokens and {pages:,} new pages at cp_size="
-        f"{config.cp_size}", nbytes, PlanError, "split the batch or prefill in chunks",
-    )  # fmt: skip
+        f"{config.cp_size}",
+        nbytes,
+        PlanError,
+        "split the batch or prefill in chunks",
+    )

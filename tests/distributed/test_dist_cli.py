@@ -18,8 +18,22 @@ from cpkv.executor.cli_entry import TOLERANCE, DistCommandResult, run_dist_cli
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
-ARGS = ["--page-size", "16", "--prefix-len", "0", "--extend-len", "9", "--prefix-len", "21",
-        "--extend-len", "40", "--chunks", "3", "--seed", "1"]  # fmt: skip
+ARGS = [
+    "--page-size",
+    "16",
+    "--prefix-len",
+    "0",
+    "--extend-len",
+    "9",
+    "--prefix-len",
+    "21",
+    "--extend-len",
+    "40",
+    "--chunks",
+    "3",
+    "--seed",
+    "1",
+]
 NSA = ["--attention", "nsa", "--index-topk", "8", "--index-heads", "4"]
 
 
@@ -29,8 +43,9 @@ def check_nsa_json(out: dict) -> None:
     assert out["attention"] == "nsa" and out["index_topk"] == 8 and out["ok"] is True
     C, P = out["cp_size"], out["page_size"]
     for f in out["forwards"]:
-        want = oracle.mqa_logits_elements(f["prefix_lens"], f["extend_lens"], C, P, head_owners=f["head_owners"],
-                                          phases=f["phases"])  # fmt: skip
+        want = oracle.mqa_logits_elements(
+            f["prefix_lens"], f["extend_lens"], C, P, head_owners=f["head_owners"], phases=f["phases"]
+        )
         assert f["logits_estimated"] == want
         assert f["logits_measured"] == [[e, e] for e in want]
         assert f["topk_mismatched"] == f["topk_near_tie"]
@@ -91,8 +106,20 @@ def test_pages_per_lane_one_says_page_zero_is_reserved(capsys):
 @pytest.mark.clause("C-NSA")
 def test_torchrun_entry_nsa():
     """``torchrun -m cpkv.executor`` (run as ``python -m torch.distributed.run``, torchrun's module)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "cpkv.executor", "--json", "--no-reuse", *NSA, *ARGS]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "cpkv.executor",
+        "--json",
+        "--no-reuse",
+        *NSA,
+        *ARGS,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout[proc.stdout.index("{") :])
@@ -111,8 +138,9 @@ def check_local_json(out: dict) -> None:
     assert out["tokens_match"] is True and out["decode_steps"] == 2
     C, P = out["cp_size"], out["page_size"]
     for f in out["forwards"]:
-        shared = oracle.mqa_logits_elements(f["prefix_lens"], f["extend_lens"], C, P, head_owners=f["head_owners"],
-                                            phases=f["phases"])  # fmt: skip
+        shared = oracle.mqa_logits_elements(
+            f["prefix_lens"], f["extend_lens"], C, P, head_owners=f["head_owners"], phases=f["phases"]
+        )
         assert sum(f["logits_estimated"]) == sum(shared)
         assert f["logits_measured"] == [[e, e] for e in f["logits_estimated"]]
     assert out["logits_match"] is True and out["topk_mismatched"] == out["topk_near_tie"]
@@ -136,7 +164,13 @@ def test_run_dist_local_decode_json_and_its_text(capsys):
     assert "kv_access=local decode_steps=2" in text and "storage=local" in text
     assert "(local_logits_elements) for every rank and layer of all 4 forwards and decode steps" in text
     comm = text[text.index("communication, bytes sent per rank") :].splitlines()
-    assert [" ".join(line.split()[:2]) for line in comm[1:6]] == ["fwd 0", "fwd 1", "fwd 2", "fwd 3", "dec 3.0-1"]
+    assert [" ".join(line.split()[:2]) for line in comm[1:6]] == [
+        "fwd 0",
+        "fwd 1",
+        "fwd 2",
+        "fwd 3",
+        "dec 3.0-1",
+    ]
     assert comm[6].split()[0] == "total"
     assert "decoded tokens vs single-process greedy reference: 4 tokens, all identical" in text
     assert text.rstrip().splitlines()[-2].endswith("OK")
@@ -151,10 +185,30 @@ def test_torchrun_two_nodes_local_gives_the_spawned_figures():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     flags = ["--json", *LOCAL, *NSA, *ARGS]
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-                               "--node-rank", str(n), "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "cpkv.executor",
-                               *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for n in (0, 1)]  # fmt: skip
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--node-rank",
+                str(n),
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "-m",
+                "cpkv.executor",
+                *flags,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in (0, 1)
+    ]
     outs = [p.communicate(timeout=170) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [e[-2000:] for _, e in outs]
     assert outs[1][0] == ""  # only global rank 0 prints

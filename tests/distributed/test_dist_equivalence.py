@@ -83,9 +83,14 @@ def test_each_rank_computes_the_oracle_share(run):
         for f in res0.forwards:
             pol = res0.policy
             want = oracle.plan_batch(
-                f.prefix_lens, f.extend_lens, C, P, head_owners=f.head_owners,
-                phases=f.phases if pol == "balanced" else None, policy=pol,
-            )  # fmt: skip
+                f.prefix_lens,
+                f.extend_lens,
+                C,
+                P,
+                head_owners=f.head_owners,
+                phases=f.phases if pol == "balanced" else None,
+                policy=pol,
+            )
             assert f.phases == want["request_phases"], (res0.name, f.index)
             own = [o.result[k].forwards[f.index].own_tokens for o in r.outcomes]
             assert own == want["per_rank_tokens"] == f.per_rank_tokens, (res0.name, f.index)

@@ -57,8 +57,12 @@ def faults_then_recovery(group: RankGroup) -> dict:
         )
     except InjectedFault as e:
         out["fault"] = (type(e).__name__, e.rank, str(e))
-    swapped = RankGroup(rank=group.world_size - 1 - group.rank, world_size=group.world_size,
-                        backend=group.backend, device=group.device)  # fmt: skip
+    swapped = RankGroup(
+        rank=group.world_size - 1 - group.rank,
+        world_size=group.world_size,
+        backend=group.backend,
+        device=group.device,
+    )
     try:
         swapped.self_check()
     except RankOrderError as e:

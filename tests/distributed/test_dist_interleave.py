@@ -13,16 +13,47 @@ from cpkv.executor.cli_entry import TOLERANCE, run_dist_cli
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300), pytest.mark.clause("C-INTERLEAVE")]
 
-ARGS = ["--page-size", "16", "--prefix-len", "0", "--extend-len", "9", "--prefix-len", "21",
-        "--extend-len", "40", "--chunks", "3", "--seed", "1"]  # fmt: skip
+ARGS = [
+    "--page-size",
+    "16",
+    "--prefix-len",
+    "0",
+    "--extend-len",
+    "9",
+    "--prefix-len",
+    "21",
+    "--extend-len",
+    "40",
+    "--chunks",
+    "3",
+    "--seed",
+    "1",
+]
 """``test_dist_cli.ARGS``: the zigzag tests' requests."""
 NSA = ["--attention", "nsa", "--index-topk", "8", "--index-heads", "4"]
 SHARED = ["--pages-per-lane", "9,8"]
 """``test_run_dist_nsa_json_with_unequal_lanes``'s extra flags (shared access)."""
 LOCAL = ["--kv-access", "local", "--decode-steps", "2", "--no-reuse"]
 """``test_run_dist_local_decode_json_and_its_text``'s extra flags."""
-MANY_PAGES = ["--page-size", "4", "--prefix-len", "0", "--extend-len", "61", "--prefix-len", "13",
-              "--extend-len", "50", "--chunks", "2", "--decode-steps", "3", "--no-reuse", "--seed", "2"]  # fmt: skip
+MANY_PAGES = [
+    "--page-size",
+    "4",
+    "--prefix-len",
+    "0",
+    "--extend-len",
+    "61",
+    "--prefix-len",
+    "13",
+    "--extend-len",
+    "50",
+    "--chunks",
+    "2",
+    "--decode-steps",
+    "3",
+    "--no-reuse",
+    "--seed",
+    "2",
+]
 """Chunks of up to 8 new pages at P=4, so on 2 ranks the strategies put pages on other lanes (m > C)."""
 
 
@@ -39,13 +70,20 @@ def _check(out: dict, strategy: str) -> None:
     assert out["cp_strategy"] == strategy and out["unwritten_rows_intact"] is True
     C, P = out["cp_size"], out["page_size"]
     for f in out["forwards"]:
-        want = oracle.plan_batch(f["prefix_lens"], f["extend_lens"], C, P, f["head_owners"], f["phases"],
-                                 strategy=strategy)  # fmt: skip
+        want = oracle.plan_batch(
+            f["prefix_lens"], f["extend_lens"], C, P, f["head_owners"], f["phases"], strategy=strategy
+        )
         assert f["per_rank_tokens"] == want["per_rank_tokens"], f
         if out["attention"] == "nsa" and out["kv_access"] == "shared":
             assert f["logits_estimated"] == oracle.mqa_logits_elements(
-                f["prefix_lens"], f["extend_lens"], C, P, head_owners=f["head_owners"], phases=f["phases"],
-                strategy=strategy)  # fmt: skip
+                f["prefix_lens"],
+                f["extend_lens"],
+                C,
+                P,
+                head_owners=f["head_owners"],
+                phases=f["phases"],
+                strategy=strategy,
+            )
             assert f["logits_measured"] == [[e, e] for e in f["logits_estimated"]]
     for d in out["decodes"]:
         assert d["tokens"] == d["reference_tokens"] and d["max_abs_err"] <= TOLERANCE
@@ -83,7 +121,9 @@ def test_interleave_puts_pages_elsewhere_and_decodes_the_same_tokens(access):
     assert inter["tokens_match"] is True and zig["tokens_match"] is True
     assert _tokens(inter) == _tokens(zig) and sorted(_tokens(inter)) == [0, 1]
     assert all(len(t) == 3 for t in _tokens(inter).values())
-    assert [f["per_rank_tokens"] for f in inter["forwards"]] != [f["per_rank_tokens"] for f in zig["forwards"]]
+    assert [f["per_rank_tokens"] for f in inter["forwards"]] != [
+        f["per_rank_tokens"] for f in zig["forwards"]
+    ]
     assert sum(inter["per_rank_tokens"]) == sum(zig["per_rank_tokens"]) == 61 + 13 + 50
 
 

@@ -51,12 +51,31 @@ def alive(pid: int) -> bool:
 
 
 def test_ctrl_c_exits_130_with_one_line_and_no_leftovers():
-    cmd = [sys.executable, "-m", "cpkv.cli", "run-dist", "--cp-size", "2", "--page-size", "16",
-           "--prefix-len", "0", "--extend-len", "3000", "--chunks", "1", "--no-reuse"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "cpkv.cli",
+        "run-dist",
+        "--cp-size",
+        "2",
+        "--page-size",
+        "16",
+        "--prefix-len",
+        "0",
+        "--extend-len",
+        "3000",
+        "--chunks",
+        "1",
+        "--no-reuse",
+    ]
     proc = subprocess.Popen(  # SIGINT back to its default in the child: a runner started in the background
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,  # ignores it
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # ignores it
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # and the child would inherit that
-    )  # fmt: skip
+    )
     try:
         ranks: list[int] = []
         deadline = time.monotonic() + 120

@@ -65,7 +65,9 @@ def test_no_rank_holds_another_lanes_rows(run):
             if res.name in audited:
                 steps = {a.forward for a in res.audits}
                 assert {d.first_index + j for d in res.decodes for j in range(d.steps)} <= steps
-                assert all((a.rows_outside_lane, a.rows_unexpected, a.rows_misread) == (0, 0, 0) for a in res.audits)
+                assert all(
+                    (a.rows_outside_lane, a.rows_unexpected, a.rows_misread) == (0, 0, 0) for a in res.audits
+                )
 
 
 def test_both_access_modes_decode_the_same_tokens(run):
@@ -135,10 +137,16 @@ def expected_comm(model, C, prefix_lens, extend_lens, per_rank) -> dict:
     T = sum(E * min(c.index_topk, L0 + E) for L0, E in zip(prefix_lens, extend_lens, strict=True))
     t = Lyr * (C - 1) * T * 8 if c.attention == "nsa" else 0
     return {
-        "queries": {"sent": [Lyr * (C - 1) * n * q_row for n in per_rank], "recv": [Lyr * (N - n) * q_row for n in per_rank]},
-        "partials": {"sent": [Lyr * (N - n) * p_row for n in per_rank], "recv": [Lyr * (C - 1) * n * p_row for n in per_rank]},
+        "queries": {
+            "sent": [Lyr * (C - 1) * n * q_row for n in per_rank],
+            "recv": [Lyr * (N - n) * q_row for n in per_rank],
+        },
+        "partials": {
+            "sent": [Lyr * (N - n) * p_row for n in per_rank],
+            "recv": [Lyr * (C - 1) * n * p_row for n in per_rank],
+        },
         "topk": {"sent": [t] * C, "recv": [t] * C},
-    }  # fmt: skip
+    }
 
 
 def test_comm_bytes_follow_the_formulas(run):
@@ -153,8 +161,14 @@ def test_comm_bytes_follow_the_formulas(run):
         for d in res.decodes:
             for j in range(d.steps):
                 lanes = [t[j] for t in d.token_lanes]
-                steps.append((d.comm_bytes[j], [L + j for L in d.prompt_lens], [1] * len(lanes),
-                              [lanes.count(x) for x in range(C)]))  # fmt: skip
+                steps.append(
+                    (
+                        d.comm_bytes[j],
+                        [L + j for L in d.prompt_lens],
+                        [1] * len(lanes),
+                        [lanes.count(x) for x in range(C)],
+                    )
+                )
         for got, L0, E, per_rank in steps:
             want = expected_comm(model, C, L0, E, per_rank) if res.kv_access == "local" else zero
             assert got == want, (res.name, L0, E)

@@ -60,8 +60,15 @@ def test_topk_rows_follow_the_rules(run):
     for res in nsa_results(run):
         k = topk_k(res.name)
         padded = selected = 0
-        rows = [(np.concatenate([np.arange(L0, L0 + E) for L0, E in zip(f.prefix_lens, f.extend_lens, strict=True)]),
-                 f.topk) for f in res.forwards]  # fmt: skip
+        rows = [
+            (
+                np.concatenate(
+                    [np.arange(L0, L0 + E) for L0, E in zip(f.prefix_lens, f.extend_lens, strict=True)]
+                ),
+                f.topk,
+            )
+            for f in res.forwards
+        ]
         for d in res.decodes:  # step j of request i is at position prompt_len + j
             rows += [(np.asarray(d.prompt_lens) + j, d.topk[j]) for j in range(d.steps)]
         for pos, topk in rows:  # topk [N, layers, k]
@@ -99,11 +106,18 @@ def test_measured_logits_equal_the_estimate(run):
         for f in res.forwards:
             shared = oracle.mqa_logits_elements(
                 f.prefix_lens, f.extend_lens, C, P, head_owners=f.head_owners, phases=f.phases
-            )  # fmt: skip
+            )
             want = shared
             if res.kv_access == "local":
-                want = oracle.local_mqa_logits_elements(f.prefix_lens, f.extend_lens, C, P, f.page_lanes,
-                                                        head_owners=f.head_owners, phases=f.phases)  # fmt: skip
+                want = oracle.local_mqa_logits_elements(
+                    f.prefix_lens,
+                    f.extend_lens,
+                    C,
+                    P,
+                    f.page_lanes,
+                    head_owners=f.head_owners,
+                    phases=f.phases,
+                )
                 assert sum(want) == sum(shared)
             layers = len(f.logits_measured[0])
             assert f.logits_estimated == want, (res.name, f.index)
@@ -113,11 +127,22 @@ def test_measured_logits_equal_the_estimate(run):
         for d in res.decodes:  # step j of a request with an L-token prompt: its query at position L + j
             for j in range(d.steps):
                 if res.kv_access == "local":  # each rank: its own keys at positions <= L + j
-                    want = [sum(sum(1 for s in range(L + j + 1) if lanes[s // P] == rank)
-                                for L, lanes in zip(d.prompt_lens, d.page_lanes, strict=True)) for rank in range(C)]  # fmt: skip
+                    want = [
+                        sum(
+                            sum(1 for s in range(L + j + 1) if lanes[s // P] == rank)
+                            for L, lanes in zip(d.prompt_lens, d.page_lanes, strict=True)
+                        )
+                        for rank in range(C)
+                    ]
                 else:  # the token's owner: one (L + j + 1)-key row
-                    want = [sum(L + j + 1 for L, lanes in zip(d.prompt_lens, d.token_lanes, strict=True)
-                                if lanes[j] == rank) for rank in range(C)]  # fmt: skip
+                    want = [
+                        sum(
+                            L + j + 1
+                            for L, lanes in zip(d.prompt_lens, d.token_lanes, strict=True)
+                            if lanes[j] == rank
+                        )
+                        for rank in range(C)
+                    ]
                 assert d.logits_measured[j] == [[w] * len(d.logits_measured[j][0]) for w in want], res.name
         assert res.logits_match is True
 
@@ -135,7 +160,7 @@ def test_phase_zero_estimate_undersizes_a_rotated_rank(run):
         for f in res.forwards:
             phase0 = oracle.mqa_logits_elements(
                 f.prefix_lens, f.extend_lens, C, res.page_size, head_owners=f.head_owners, policy="legacy"
-            )  # fmt: skip
+            )
             measured = [row[0] for row in f.logits_measured]
             short += [(res.name, f.index, rank) for rank in range(C) if measured[rank] > phase0[rank]]
     if C == 1:

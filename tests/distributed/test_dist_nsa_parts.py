@@ -24,8 +24,16 @@ from cpkv.layout import SharedKVLayout
 
 pytestmark = pytest.mark.distributed
 
-SMALL_NSA = dict(kv_lora_rank=32, rope_dim=8, hidden_size=32, mlp_size=64, attention="nsa", index_heads=3,
-                 index_head_dim=16, index_rope_dim=8)  # fmt: skip
+SMALL_NSA = dict(
+    kv_lora_rank=32,
+    rope_dim=8,
+    hidden_size=32,
+    mlp_size=64,
+    attention="nsa",
+    index_heads=3,
+    index_head_dim=16,
+    index_rope_dim=8,
+)
 
 
 def brute_topk(logits: list[list[float]], positions: list[int], k: int) -> list[list[int]]:
@@ -171,8 +179,10 @@ def test_host_hooks_copy_both_pools_on_the_owner_only():
     """backup(page) on the owner copies the page's latent and index-K rows; restore onto a new page of
     the same lane writes both back; other ranks hold nothing."""
     layout = SharedKVLayout(2, 4, 4)
-    pools = {n: KVBuffer(layout, 1, torch.full((2, layout.num_slots, w), float("nan")), "shm")
-             for n, w in (("latent", 6), ("index_k", 3))}  # fmt: skip
+    pools = {
+        n: KVBuffer(layout, 1, torch.full((2, layout.num_slots, w), float("nan")), "shm")
+        for n, w in (("latent", 6), ("index_k", 3))
+    }
     slots = torch.arange(3 * 4, 4 * 4)  # page 3, lane 1
     for layer in range(2):
         for kv in pools.values():

@@ -87,8 +87,9 @@ def test_an_empty_shard_contributes_nothing_and_never_nan():
     probs, lse = shard_softmax(scores)
     full = probs @ values
     nan = torch.full_like(full, float("nan"))
-    out, merged = merge_partials(torch.stack([nan, full, torch.zeros_like(full)]),
-                                 torch.stack([empty_lse, lse, masked_lse]))  # fmt: skip
+    out, merged = merge_partials(
+        torch.stack([nan, full, torch.zeros_like(full)]), torch.stack([empty_lse, lse, masked_lse])
+    )
     assert torch.equal(out, full) and torch.equal(merged, lse)
     # No shard saw a key: O = 0, LSE = -inf, no NaN.
     out, merged = merge_partials(torch.zeros(2, 1, 2), torch.full((2, 1), float("-inf")))
@@ -172,21 +173,37 @@ def test_merge_refuses_too_few_candidates():
 def test_dense_partials_merge_to_the_model_attention(kv_mode):
     """Keys of one request spread over 3 lanes (one holding none of the first queries' keys): the merged
     partials, projected, equal ``TinyDecoder.attention`` over every key."""
-    m = TinyDecoder(TinyDecoderConfig(kv_mode=kv_mode, kv_lora_rank=32, rope_dim=8, hidden_size=32, mlp_size=64))
+    m = TinyDecoder(
+        TinyDecoderConfig(kv_mode=kv_mode, kv_lora_rank=32, rope_dim=8, hidden_size=32, mlp_size=64)
+    )
     g = torch.Generator().manual_seed(0)
     x, pos = torch.randn(10, 32, generator=g), torch.arange(10)
     rows = m.kv_rows(0, x, pos)
     q = attention_queries(m, 0, x, pos)
     owner = torch.tensor([0, 0, 1, 1, 0, 2, 2, 1, 0, 2])
     parts = [dense_partial(m, q, pos, rows[owner == r], pos[owner == r]) for r in range(3)]
-    merged, _ = merge_partials(torch.stack([p[..., :-1] for p in parts]), torch.stack([p[..., -1] for p in parts]))
+    merged, _ = merge_partials(
+        torch.stack([p[..., :-1] for p in parts]), torch.stack([p[..., -1] for p in parts])
+    )
     assert parts[2][0, :, -1].isneginf().all()  # lane 2 holds no key query 0 may see
-    torch.testing.assert_close(attention_output(m, 0, merged), m.attention(0, x, pos, rows, pos), rtol=0, atol=TOL)
+    torch.testing.assert_close(
+        attention_output(m, 0, merged), m.attention(0, x, pos, rows, pos), rtol=0, atol=TOL
+    )
 
 
 def test_sparse_partials_merge_to_sparse_mla():
-    m = TinyDecoder(TinyDecoderConfig(kv_lora_rank=32, rope_dim=8, hidden_size=32, mlp_size=64, attention="nsa",
-                                      index_heads=2, index_head_dim=16, index_rope_dim=8))  # fmt: skip
+    m = TinyDecoder(
+        TinyDecoderConfig(
+            kv_lora_rank=32,
+            rope_dim=8,
+            hidden_size=32,
+            mlp_size=64,
+            attention="nsa",
+            index_heads=2,
+            index_head_dim=16,
+            index_rope_dim=8,
+        )
+    )
     g = torch.Generator().manual_seed(1)
     x, pos = torch.randn(6, 32, generator=g), torch.arange(6)
     rows = m.kv_rows(0, x, pos)
@@ -196,15 +213,21 @@ def test_sparse_partials_merge_to_sparse_mla():
     for r in range(2):
         held = (topk >= 0) & (lane[topk.clamp(min=0)] == r)
         parts.append(sparse_partial(m, attention_queries(m, 0, x, pos), topk, held, rows.__getitem__))
-    merged, _ = merge_partials(torch.stack([p[..., :-1] for p in parts]), torch.stack([p[..., -1] for p in parts]))
+    merged, _ = merge_partials(
+        torch.stack([p[..., :-1] for p in parts]), torch.stack([p[..., -1] for p in parts])
+    )
     want = m.sparse_attention(0, x, pos, topk, rows.__getitem__)
     torch.testing.assert_close(attention_output(m, 0, merged), want, rtol=0, atol=TOL)
 
 
 # ------------------------------------------------------------------------ logits count under local
 @settings(max_examples=40, deadline=None)
-@given(st.integers(1, 4), st.sampled_from([1, 4, 16]),
-       st.lists(st.tuples(st.integers(0, 40), st.integers(1, 40)), min_size=1, max_size=3), st.data())  # fmt: skip
+@given(
+    st.integers(1, 4),
+    st.sampled_from([1, 4, 16]),
+    st.lists(st.tuples(st.integers(0, 40), st.integers(1, 40)), min_size=1, max_size=3),
+    st.data(),
+)
 def test_local_logits_elements_formula(C, P, reqs, data):
     """``local_logits_elements`` on a real allocation (prefix pages on the lanes a first extend chose) equals
     the oracle written from docs/distributed.md, and sums to C-ESTIMATE's total over the ranks."""
@@ -212,8 +235,10 @@ def test_local_logits_elements_formula(C, P, reqs, data):
     alloc = OwnerLaneAllocator(CPConfig(C, P, policy), 256)
     L0 = [r[0] for r in reqs]
     first = alloc.alloc_extend([0] * len(reqs), L0, [-1] * len(reqs)) if sum(L0) else None
-    pre = [first.out_cache_loc[sum(L0[:i]) : sum(L0[: i + 1])] if first else torch.zeros(0, dtype=torch.int64)
-           for i in range(len(reqs))]  # fmt: skip
+    pre = [
+        first.out_cache_loc[sum(L0[:i]) : sum(L0[: i + 1])] if first else torch.zeros(0, dtype=torch.int64)
+        for i in range(len(reqs))
+    ]
     last = [int(p[-1]) if p.numel() else -1 for p in pre]
     E = [r[1] for r in reqs]
     a = alloc.alloc_extend(L0, E, last)
@@ -222,9 +247,13 @@ def test_local_logits_elements_formula(C, P, reqs, data):
     lanes = [((s[::P] // P) % C).tolist() for s in slots]
     got = local_logits_elements(a.plan, slots, C, P)
     h = [int(x) for x in a.plan.head_owners]
-    want = oracle.local_mqa_logits_elements(L0, E, C, P, lanes, head_owners=h, phases=a.plan.request_phases.tolist())
+    want = oracle.local_mqa_logits_elements(
+        L0, E, C, P, lanes, head_owners=h, phases=a.plan.request_phases.tolist()
+    )
     assert got.tolist() == want
-    assert sum(want) == sum(oracle.mqa_logits_elements(L0, E, C, P, head_owners=h, phases=a.plan.request_phases.tolist()))
+    assert sum(want) == sum(
+        oracle.mqa_logits_elements(L0, E, C, P, head_owners=h, phases=a.plan.request_phases.tolist())
+    )
 
 
 # ------------------------------------------------------------------------------ own-lane-only storage

@@ -22,7 +22,9 @@ def test_an_unguarded_script_names_the_missing_main_guard(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=170)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("cpkv.executor.errors.LaunchError: ranks [0, 1] died without reporting (exit codes "
-                           "{0: 1, 1: 1}); every rank was stopped. A rank that dies at start:"), last
+    assert last.startswith(
+        "cpkv.executor.errors.LaunchError: ranks [0, 1] died without reporting (exit codes "
+        "{0: 1, 1: 1}); every rank was stopped. A rank that dies at start:"
+    ), last
     assert 'under `if __name__ == "__main__":`' in last
     assert time.monotonic() - t0 < 120  # not the default 360 s deadline

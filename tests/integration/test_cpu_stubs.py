@@ -41,6 +41,9 @@ def test_stub_stands_in_when_torchvision_does_not_import(tmp_path):
 
 
 def test_a_working_torchvision_is_kept(tmp_path):
-    out = run(STUB_PROBE.split("import torchvision\n")[0] + "import torchvision; print(torchvision.REAL)", tmp_path,
-              fake_torchvision="REAL = 'yes'").splitlines()  # fmt: skip
+    out = run(
+        STUB_PROBE.split("import torchvision\n")[0] + "import torchvision; print(torchvision.REAL)",
+        tmp_path,
+        fake_torchvision="REAL = 'yes'",
+    ).splitlines()
     assert out == ["False", "yes"]

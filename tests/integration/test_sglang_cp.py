@@ -108,7 +108,9 @@ def test_plans_sglangs_layout_cannot_hold_are_typed_errors():
         sglang_cp.zigzag_metadata(plan_batch([2**31], [4], config), 0)
     interleave = plan_batch([0], [40], CPConfig(4, 4, "rotation", "interleave"))  # was a bare IndexError
     for build in (sglang_cp.zigzag_metadata, sglang_cp.nsa_metadata):
-        with pytest.raises(UnsupportedPagePlan, match="the plan's cp_strategy is 'interleave'.*interleave_metadata"):
+        with pytest.raises(
+            UnsupportedPagePlan, match="the plan's cp_strategy is 'interleave'.*interleave_metadata"
+        ):
             build(interleave, 0)
     near = 2**31 - 64  # each request fits int32, the running sums over the batch do not
     with pytest.raises(PlanError, match="cu_seqlens_kv_prev holds 4294967200, above SGLang's int32"):

@@ -32,7 +32,10 @@ pytestmark = [
     pytest.mark.clause("C-KERNEL"),
     pytest.mark.timeout(600),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton: pip install '.[gpu]' (a cpkv checkout)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("triton") is None,
+        reason="needs Triton: pip install '.[gpu]' (a cpkv checkout)",
+    ),
 ]
 
 GPU_CP_SIZES = st.sampled_from([1, 2, 8, 16])
@@ -57,16 +60,23 @@ def test_fill_out_cache_loc_random_batches(batch):
 
 
 @SETTINGS
-@given(case=layouts_and_slots(cp_sizes=GPU_CP_SIZES, page_sizes=GPU_PAGE_SIZES, max_slots=50000),
-       dtype=st.sampled_from(SLOT_DTYPES), use_out=st.booleans())  # fmt: skip
+@given(
+    case=layouts_and_slots(cp_sizes=GPU_CP_SIZES, page_sizes=GPU_PAGE_SIZES, max_slots=50000),
+    dtype=st.sampled_from(SLOT_DTYPES),
+    use_out=st.booleans(),
+)
 def test_translations_random_slots(case, dtype, use_out):
     layout, slots = case
     check_translations(layout, slots, dtype, "cuda", use_out)
 
 
 @SETTINGS
-@given(batch=batches(cp_sizes=GPU_CP_SIZES, page_sizes=GPU_PAGE_SIZES, max_tokens=5000),
-       width=st.sampled_from([1, 3, 128, 576]), dtype=st.sampled_from(ROW_DTYPES), seed=st.integers(0, 99))  # fmt: skip
+@given(
+    batch=batches(cp_sizes=GPU_CP_SIZES, page_sizes=GPU_PAGE_SIZES, max_tokens=5000),
+    width=st.sampled_from([1, 3, 128, 576]),
+    dtype=st.sampled_from(ROW_DTYPES),
+    seed=st.integers(0, 99),
+)
 def test_rerange_random_batches(batch, width, dtype, seed):
     check_rerange(batch, width, dtype, "cuda", seed, use_out=bool(seed % 2))
 
@@ -90,12 +100,21 @@ def test_translations_sixteen_million_slots():
     check_translations(layout, slots, torch.int32, "cuda", use_out=False)
 
 
-@pytest.mark.parametrize(("width", "dtype"), [(576, torch.float32), (576, torch.bfloat16), (128, torch.bfloat16)])
+@pytest.mark.parametrize(
+    ("width", "dtype"), [(576, torch.float32), (576, torch.bfloat16), (128, torch.bfloat16)]
+)
 def test_rerange_150k_rows(width, dtype):
     # 150k rows: the host-side references stay well under the 3 GB a test process may use.
-    plan = plan_batch([0, 3000, 64], [100_000, 40_000, 10_000], CPConfig(8, 64, "balanced"),
-                      head_owners=[None, 5, None], phases=[3, 6, 1])  # fmt: skip
-    check_rerange(Batch(plan, np.full(3, -1), np.arange(plan.page_owners.shape[0])), width, dtype, "cuda", seed=7)
+    plan = plan_batch(
+        [0, 3000, 64],
+        [100_000, 40_000, 10_000],
+        CPConfig(8, 64, "balanced"),
+        head_owners=[None, 5, None],
+        phases=[3, 6, 1],
+    )
+    check_rerange(
+        Batch(plan, np.full(3, -1), np.arange(plan.page_owners.shape[0])), width, dtype, "cuda", seed=7
+    )
 
 
 @pytest.mark.parametrize("policy", ["rotation", "balanced"])
@@ -104,7 +123,11 @@ def test_allocator_on_cuda_writes_out_cache_loc_with_the_kernel(monkeypatch, pol
     monkeypatch.setenv("CPKV_KERNELS", "off")
     ref = OwnerLaneAllocator(CPConfig(8, 64, policy), 4096, device="cuda")
     assert gpu._kernels and not ref._kernels
-    for L0, E, last in (([0, 0], [100_000, 70], [-1, -1]), ([0], [1], [-1]), ([0, 0, 0], [5, 64, 129], [-1] * 3)):
+    for L0, E, last in (
+        ([0, 0], [100_000, 70], [-1, -1]),
+        ([0], [1], [-1]),
+        ([0, 0, 0], [5, 64, 129], [-1] * 3),
+    ):
         a, b = gpu.alloc_extend(L0, E, last), ref.alloc_extend(L0, E, last)
         assert a.out_cache_loc.device.type == "cuda" and torch.equal(a.out_cache_loc, b.out_cache_loc)
 
@@ -113,7 +136,11 @@ def test_allocator_on_cuda_writes_out_cache_loc_with_the_kernel(monkeypatch, pol
 def test_kernels_launch_on_the_tensors_device_not_the_current_one():
     plan = plan_batch([0, 10], [300, 90], CPConfig(4, 16), head_owners=[None, 1])
     assert torch.cuda.current_device() == 0
-    check_fill_out_cache_loc(Batch(plan, np.array([-1, 9]), np.arange(plan.page_owners.shape[0]) + 1), "cuda:1")
-    check_rerange(Batch(plan, np.array([-1, 9]), np.arange(plan.page_owners.shape[0])), 576, torch.bfloat16, "cuda:1", 3)
+    check_fill_out_cache_loc(
+        Batch(plan, np.array([-1, 9]), np.arange(plan.page_owners.shape[0]) + 1), "cuda:1"
+    )
+    check_rerange(
+        Batch(plan, np.array([-1, 9]), np.arange(plan.page_owners.shape[0])), 576, torch.bfloat16, "cuda:1", 3
+    )
     slots = torch.arange(-1, 1000, device="cuda:1")
     assert K.read_slots(SharedKVLayout(4, 16, 16), slots).device == slots.device

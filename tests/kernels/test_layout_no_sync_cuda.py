@@ -12,8 +12,11 @@ import torch
 
 from cpkv import SharedKVLayout
 
-pytestmark = [pytest.mark.gpu, pytest.mark.clause("C-LAYOUT"),
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]  # fmt: skip
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.clause("C-LAYOUT"),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16])
@@ -35,7 +38,9 @@ def test_translations_of_cuda_slots_do_not_sync(fn, dtype):
 
 
 def test_an_out_of_range_cuda_slot_fails_at_the_next_sync():
-    code = ("import torch; from cpkv import SharedKVLayout; L = SharedKVLayout(4, 16, 100); "
-            "L.read_slots(torch.tensor([0, 6400], device='cuda')); torch.cuda.synchronize()")  # fmt: skip
+    code = (
+        "import torch; from cpkv import SharedKVLayout; L = SharedKVLayout(4, 16, 100); "
+        "L.read_slots(torch.tensor([0, 6400], device='cuda')); torch.cuda.synchronize()"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "device-side assert" in proc.stderr, proc.stderr[-2000:]

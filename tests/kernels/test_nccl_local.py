@@ -21,10 +21,20 @@ GPU_TOL = 1e-4  # as test_nccl_smoke: GPU kernels reduce in other orders than th
 def test_local_access_prefill_and_decode_on_nccl():
     C = min(2, torch.cuda.device_count())
     wl = make_workload([0, 32, 19], [3, 53, 5], chunks=3, seed=7, reuse=True)
-    nsa = TinyDecoderConfig(kv_lora_rank=48, rope_dim=16, seed=3, attention="nsa", index_heads=4,
-                            index_head_dim=32, index_rope_dim=16, index_topk=8)  # fmt: skip
-    cases = [DistCase(workload=wl, page_size=16, model=m, kv_access="local", decode_steps=2, name=m.attention)
-             for m in (TinyDecoderConfig(), nsa)]  # fmt: skip
+    nsa = TinyDecoderConfig(
+        kv_lora_rank=48,
+        rope_dim=16,
+        seed=3,
+        attention="nsa",
+        index_heads=4,
+        index_head_dim=32,
+        index_rope_dim=16,
+        index_topk=8,
+    )
+    cases = [
+        DistCase(workload=wl, page_size=16, model=m, kv_access="local", decode_steps=2, name=m.attention)
+        for m in (TinyDecoderConfig(), nsa)
+    ]
     run = run_dist(cases, C, backend="nccl", timeout_s=120, deadline_s=280)
     for res in run.results:
         assert res.kv_storage == "local" and res.pool_rows["latent"] == max(res.pages_per_lane) * 16

@@ -19,8 +19,11 @@ GPU_TOL = 1e-4
 @pytest.mark.clause("C-LAYOUT")
 def test_nccl_forward_matches_reference():
     wl = make_workload([0, 32, 19], [3, 53, 5], chunks=3, seed=7, reuse=True)
-    cases = [DistCase(workload=wl, page_size=P, policy=pol, audit_writes=True, name=f"P{P}-{pol}")
-             for P in (1, 16) for pol in ("rotation", "balanced")]  # fmt: skip
+    cases = [
+        DistCase(workload=wl, page_size=P, policy=pol, audit_writes=True, name=f"P{P}-{pol}")
+        for P in (1, 16)
+        for pol in ("rotation", "balanced")
+    ]
     cases.append(DistCase(workload=wl, page_size=16, model=TinyDecoderConfig(kv_mode="mha"), name="mha"))
     run = run_dist(cases, 2, backend="nccl", timeout_s=120, deadline_s=280)
     for res in run.results:

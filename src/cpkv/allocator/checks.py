@@ -24,10 +24,16 @@ def check_pool_size(cp_size: int, pages_per_lane: int, page_size: int) -> None:
     float64), or whose page tables (at most 32 B per page while built) pass ``cpkv.limits.MAX_ARRAY_BYTES``."""
     num_pages = cp_size * pages_per_lane
     if num_pages * page_size > MAX_POSITION:
-        raise ConfigError(f"a pool of {num_pages:,} pages of page_size={page_size} has more than {MAX_POSITION} "
-                          f"(2**53) slots, the most cpkv addresses; lower pages_per_lane or page_size")
-    check_bytes(f"an allocator of {num_pages:,} pages ({cp_size} lanes of up to {pages_per_lane:,})", 32 * num_pages,
-                ConfigError, "lower pages_per_lane")  # fmt: skip
+        raise ConfigError(
+            f"a pool of {num_pages:,} pages of page_size={page_size} has more than {MAX_POSITION} "
+            f"(2**53) slots, the most cpkv addresses; lower pages_per_lane or page_size"
+        )
+    check_bytes(
+        f"an allocator of {num_pages:,} pages ({cp_size} lanes of up to {pages_per_lane:,})",
+        32 * num_pages,
+        ConfigError,
+        "lower pages_per_lane",
+    )
 
 
 def page_id_array(pages, num_pages: int) -> np.ndarray:
@@ -86,7 +92,11 @@ def head_owners(pool: LanePool, config: CPConfig, L0: np.ndarray, last: np.ndarr
     if bad.size:
         i = int(bad[0])
         p = int(page[i])
-        why = "is free" if pool.exists(p) else f"does not exist (lane {p % C} holds {pool.lane_pages[p % C]} pages)"
+        why = (
+            "is free"
+            if pool.exists(p)
+            else f"does not exist (lane {p % C} holds {pool.lane_pages[p % C]} pages)"
+        )
         raise AllocatorError(f"request {i}: last_loc={int(last[i])} lies on page {p}, which {why}")
     return np.where(has, page % C, -1)
 

@@ -62,8 +62,9 @@ per lane for ``LanePool.commit`` (None when no request takes a page); the builde
 ``BatchPlan`` (``ExtendAllocation``'s ``make_plan``). A plain tuple: this runs once per decode step."""
 
 
-def pick_one_page(pool: LanePool, tables: OnePageTables, config: CPConfig, prefix_lens, extend_lens,
-                  last_locs) -> OnePage | None:  # fmt: skip
+def pick_one_page(
+    pool: LanePool, tables: OnePageTables, config: CPConfig, prefix_lens, extend_lens, last_locs
+) -> OnePage | None:
     """``alloc_extend``'s pages and slots for a batch whose requests each take at most one new page, or None
     (not taken). Picks, never commits.
 
@@ -87,7 +88,11 @@ def pick_one_page(pool: LanePool, tables: OnePageTables, config: CPConfig, prefi
     L0, last = int64_copy(prefix_lens), int64_copy(last_locs)
     if L0 is None or last is None or L0.shape[0] == 0 or last.shape != L0.shape:
         return None
-    rows = _decode_rows(pool, tables, config, L0, last) if E is None else _extend_rows(pool, tables, config, L0, E, last)
+    rows = (
+        _decode_rows(pool, tables, config, L0, last)
+        if E is None
+        else _extend_rows(pool, tables, config, L0, E, last)
+    )
     if rows is None:
         return None
     new_rows, nxt = rows
@@ -103,8 +108,9 @@ def pick_one_page(pool: LanePool, tables: OnePageTables, config: CPConfig, prefi
     return slots, new_pages, counts, partial(_plan, config, L0, E, last, new_rows, lanes)
 
 
-def _decode_rows(pool: LanePool, t: OnePageTables, config: CPConfig, L0: np.ndarray,
-                 last: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
+def _decode_rows(
+    pool: LanePool, t: OnePageTables, config: CPConfig, L0: np.ndarray, last: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
     """E = 1: ``(rows that take a new page, last_locs + 1)``, or None. Valid here: ``1 <= L0 <=
     MAX_POSITION - 1``, ``last_loc`` on a held page with ``(last_loc + 1) % P == L0 % P`` (C-FAIL-FAST)."""
     if _too_big(config, L0.shape[0], 1):
@@ -121,7 +127,9 @@ def _decode_rows(pool: LanePool, t: OnePageTables, config: CPConfig, L0: np.ndar
     return (off == t.P_minus_1).nonzero()[0], last + t.one  # a page ends at last_loc: position L0 starts one
 
 
-def _extend_rows(pool: LanePool, t: OnePageTables, config: CPConfig, L0, E, last) -> tuple[np.ndarray, np.ndarray] | None:
+def _extend_rows(
+    pool: LanePool, t: OnePageTables, config: CPConfig, L0, E, last
+) -> tuple[np.ndarray, np.ndarray] | None:
     """E given (each below 2P): ``(rows that take a new page, last_locs + 1)``, or None (also when a request
     needs two pages). Valid: ``L0, E >= 0``, ``L0 + E <= MAX_POSITION``; ``last_loc = -1`` exactly when ``L0 == 0``,
     else on a held page with ``(last_loc + 1) % P == L0 % P`` (C-FAIL-FAST)."""

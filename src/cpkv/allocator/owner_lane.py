@@ -379,4 +379,3 @@ class OwnerLaneAllocator:
         stamp = self._commits.stamp(last, balanced)
         plan = plan_arrays(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True, stamp=stamp)
         return plan, last
-

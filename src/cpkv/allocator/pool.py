@@ -126,7 +126,9 @@ class LanePool:
         """AllocatorError (``"{what} page {p}: {why}"``) unless every page (int64 ``[n]``, ids in range) is
         handed out and listed once: not page 0, not free, not beyond its lane's capacity, no duplicate."""
         n = pages.shape[0]
-        if np.count_nonzero(self._taken[pages]) == n:  # the common case: one lookup, then duplicates on a sorted copy
+        if (
+            np.count_nonzero(self._taken[pages]) == n
+        ):  # the common case: one lookup, then duplicates on a sorted copy
             if n < 2:
                 return
             ordered = np.sort(pages)
@@ -161,8 +163,9 @@ class LanePool:
         top = self._base + self._top - 1  # [C] index of each lane's top page in _stack
         return self._stack[expand_runs(top[run_owner] - before, run_pages, step=-1)], counts
 
-    def pick_cyclic(self, first_lanes: np.ndarray, num_pages: np.ndarray, lanes: np.ndarray,
-                    lane_pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    def pick_cyclic(
+        self, first_lanes: np.ndarray, num_pages: np.ndarray, lanes: np.ndarray, lane_pages: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``pick`` of one-page runs on cyclic lanes: request i takes ``num_pages[i]`` pages on lanes
         ``first_lanes[i], first_lanes[i] + 1, ...`` (mod C), in order (C-INTERLEAVE); ``(pages, counts)``.
 

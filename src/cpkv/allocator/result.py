@@ -45,8 +45,12 @@ class ExtendAllocation:
     ) -> None:
         if (plan is None) == (make_plan is None):
             raise AllocatorError("ExtendAllocation needs exactly one of plan and make_plan")
-        for name, value in (("_out", out_cache_loc), ("new_pages", new_pages), ("_plan", plan),
-                            ("_make_plan", make_plan)):  # fmt: skip
+        for name, value in (
+            ("_out", out_cache_loc),
+            ("new_pages", new_pages),
+            ("_plan", plan),
+            ("_make_plan", make_plan),
+        ):
             object.__setattr__(self, name, value)
 
     @property
@@ -85,5 +89,7 @@ class ExtendAllocation:
 
     def __repr__(self) -> str:
         device = "cpu" if isinstance(self._out, np.ndarray) else self._out.device
-        return (f"ExtendAllocation(tokens={self._out.shape[0]}, new_pages={self.new_pages.shape[0]}, "
-                f"device={device})")  # fmt: skip
+        return (
+            f"ExtendAllocation(tokens={self._out.shape[0]}, new_pages={self.new_pages.shape[0]}, "
+            f"device={device})"
+        )

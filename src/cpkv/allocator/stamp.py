@@ -38,8 +38,16 @@ class PlanStamp:
 
     __slots__ = ("maker", "serial", "last_locs", "changes", "free", "__weakref__")
 
-    def __init__(self, maker: object, serial: int, last_locs: bytes, changes: int, free: bytes | None) -> None:
-        self.maker, self.serial, self.last_locs, self.changes, self.free = maker, serial, last_locs, changes, free
+    def __init__(
+        self, maker: object, serial: int, last_locs: bytes, changes: int, free: bytes | None
+    ) -> None:
+        self.maker, self.serial, self.last_locs, self.changes, self.free = (
+            maker,
+            serial,
+            last_locs,
+            changes,
+            free,
+        )
 
     def __reduce__(self):  # a pickled or deep-copied stamp is another object: never the open one
         return PlanStamp, (None, self.serial, self.last_locs, self.changes, self.free)
@@ -81,7 +89,9 @@ class Commits:
                 "made; commit that plan or plan the batch again"
             )
         if not isinstance(stamp, PlanStamp) or stamp.maker is not self.maker:
-            raise StalePlanError("allocate takes a plan this allocator's plan_extend made; plan the batch with it")
+            raise StalePlanError(
+                "allocate takes a plan this allocator's plan_extend made; plan the batch with it"
+            )
         if self._open.get(stamp.serial) is not stamp:
             raise StalePlanError(
                 f"the plan (serial {stamp.serial}) was allocated already, by it or a copy (a plan commits once); "
@@ -90,13 +100,16 @@ class Commits:
         last = as_int_array("last_locs", last_locs, plan.num_requests)
         if last.tobytes() != stamp.last_locs:
             made = np.frombuffer(stamp.last_locs, dtype=_I64).tolist()
-            raise StalePlanError(f"last_locs {last.tolist()} differ from the plan's {made}; plan the batch again")
+            raise StalePlanError(
+                f"last_locs {last.tolist()} differ from the plan's {made}; plan the batch again"
+            )
         if stamp.changes != self.pool.changes:
             head_owners(self.pool, self.config, plan.prefix_lens, last)  # raises on a last_loc freed since
             if stamp.free is not None and stamp.free != self.pool.free.tobytes():
                 C, P = self.config.cp_size, self.config.page_size
-                phases = balanced_phases(plan.prefix_lens, plan.extend_lens, self.pool.free, P, C,
-                                         self.config.cp_strategy)
+                phases = balanced_phases(
+                    plan.prefix_lens, plan.extend_lens, self.pool.free, P, C, self.config.cp_strategy
+                )
                 if phases.tobytes() != plan.request_phases.tobytes():
                     raise StalePlanError(
                         f"the free pages per lane changed since the plan was made ({self.pool.free.tolist()} now) and "

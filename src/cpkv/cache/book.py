@@ -21,9 +21,20 @@ _I64 = np.int64
 _EMPTY = np.zeros(0, dtype=_I64)
 _EMPTY.setflags(write=False)
 
-COUNTERS = ("hits", "misses", "matched_tokens", "host_matched_tokens", "inserted_pages", "duplicate_pages",
-            "backups", "host_evictions", "host_dropped", "load_backs", "load_back_owner_lane_capacity_failed",
-            "load_back_failed_pages")  # fmt: skip
+COUNTERS = (
+    "hits",
+    "misses",
+    "matched_tokens",
+    "host_matched_tokens",
+    "inserted_pages",
+    "duplicate_pages",
+    "backups",
+    "host_evictions",
+    "host_dropped",
+    "load_backs",
+    "load_back_owner_lane_capacity_failed",
+    "load_back_failed_pages",
+)
 """The counters of ``PrefixCache.counters`` besides the per-lane eviction counts."""
 
 

@@ -62,8 +62,10 @@ class PageChecker:
         whole = np.add(self._buffers(k), (pages * P)[:, None], out=self._ints[:k])  # [k, P] p*P + 0 .. P-1
         if np.count_nonzero(np.not_equal(whole, full, out=self._bools[:k])):
             i = int(np.flatnonzero((full != (full[:, :1] // P * P) + np.arange(P)).any(axis=1))[0])
-            raise PrefixCacheError(f"slots of page {i} (tokens {i * P}..{i * P + P - 1}) are not one whole page: "
-                                   f"{full[i, :8].tolist()}...")  # fmt: skip
+            raise PrefixCacheError(
+                f"slots of page {i} (tokens {i * P}..{i * P + P - 1}) are not one whole page: "
+                f"{full[i, :8].tolist()}..."
+            )
         if not k:
             return pages
         if pages.min() <= 0 or pages.max() >= self.num_pages:
@@ -74,10 +76,14 @@ class PageChecker:
             bad = pages[pages // C >= lane_pages[pages % C]]
             if bad.size:
                 p = int(bad[0])
-                raise PrefixCacheError(f"page {p} does not exist: lane {p % C} holds {int(lane_pages[p % C])} pages")
+                raise PrefixCacheError(
+                    f"page {p} does not exist: lane {p % C} holds {int(lane_pages[p % C])} pages"
+                )
         free = self.allocator.is_free(pages)
         if np.count_nonzero(free):
-            raise PrefixCacheError(f"page {int(pages[free][0])} is free in the allocator: insert only pages you hold")
+            raise PrefixCacheError(
+                f"page {int(pages[free][0])} is free in the allocator: insert only pages you hold"
+            )
         ordered = pages.copy()
         ordered.sort()
         twice = ordered[1:] == ordered[:-1]

@@ -37,7 +37,9 @@ class RequestFlow:
 
     def __init__(self, allocator, cache=None) -> None:
         self.allocator, self.cache = allocator, cache
-        self._mark = np.zeros(allocator.num_pages, dtype=bool)  # scratch of _drop_tree_pages, False between calls
+        self._mark = np.zeros(
+            allocator.num_pages, dtype=bool
+        )  # scratch of _drop_tree_pages, False between calls
 
     def start(self, match_tokens: np.ndarray, capacity: int) -> RequestKV:
         """A request whose cached prefix matches ``match_tokens`` (int64 ``[n]``: the prompt minus at least its

@@ -79,7 +79,9 @@ class HostTier:
         if key in d:
             raise PrefixCacheError(f"host copy {_name(key)} of lane {lane} is already held")
         if len(d) >= int(self.capacity[lane]):
-            raise PrefixCacheError(f"host lane {lane} is full ({int(self.capacity[lane])} pages); drop a copy first")
+            raise PrefixCacheError(
+                f"host lane {lane} is full ({int(self.capacity[lane])} pages); drop a copy first"
+            )
         d[key] = payload
 
     def get(self, key: Hashable, lane: int) -> object:

@@ -59,8 +59,9 @@ def load_back(cache, match: PrefixMatch) -> PrefixMatch:
     else:
         node, handle = last, cache.tree.handle(last, first + j, last.gen)
     book.touch(cache.tree.path(node))  # the whole path, so ancestors stay newer than descendants
-    return PrefixMatch(np.concatenate([match.device_pages, pages]), _EMPTY, cache.page_size, handle, None,
-                       book.epoch)  # fmt: skip
+    return PrefixMatch(
+        np.concatenate([match.device_pages, pages]), _EMPTY, cache.page_size, handle, None, book.epoch
+    )
 
 
 def _pin(cache, node, delta: int) -> None:

@@ -112,7 +112,9 @@ class PrefixCache:
         self.tree = RadixTree(self.page_size, 3, CacheNode, self._on_split)
         self._root_handle = self.tree.handle(self.tree.root, 0, 0)
         self.lru = LaneLRU(C)  # eviction order of the unlocked device runs
-        self.book = CacheBook(self.tree, self.lru, self.host, allocator.num_pages, C)  # counts, stamps, copies
+        self.book = CacheBook(
+            self.tree, self.lru, self.host, allocator.num_pages, C
+        )  # counts, stamps, copies
         self._check = PageChecker(allocator)
 
     # ----------------------------------------------------------------------------------------- queries
@@ -187,16 +189,18 @@ class PrefixCache:
         """
         out: dict = dict(self.book.n)
         out["evicted_pages"] = self.book.evicted.tolist()
-        out["evicted_collateral_pages"] = [e - own for e, own in zip(out["evicted_pages"], self.book.own_lane,
-                                                                     strict=True)]  # fmt: skip
+        out["evicted_collateral_pages"] = [
+            e - own for e, own in zip(out["evicted_pages"], self.book.own_lane, strict=True)
+        ]
         return out
 
     def entries(self) -> Iterator[CacheEntry]:
         """Every cached page (device or host), runs parents first; a read-only view for tests and reports."""
         for n in self.tree.nodes():
             for i, (page, lane, key) in enumerate(n.vals.tolist()):
-                yield CacheEntry(n.start + i, page if n.dev else -1, lane, key >= 0, n.lock_ref,
-                                 key if key >= 0 else None)  # fmt: skip
+                yield CacheEntry(
+                    n.start + i, page if n.dev else -1, lane, key >= 0, n.lock_ref, key if key >= 0 else None
+                )
 
     # ----------------------------------------------------------------------------------------- locking
     def lock(self, handle) -> None:
@@ -259,10 +263,14 @@ class PrefixCache:
         held = book.in_tree[pages]  # [k]
         same = concat([n.vals[:m, PAGE] for n, m in path]) == pages[:matched]  # [matched] the tree's own page
         num_same = np.count_nonzero(same)
-        if np.count_nonzero(held) != num_same:  # same implies held: a held page elsewhere; nothing changed yet
+        if (
+            np.count_nonzero(held) != num_same
+        ):  # same implies held: a held page elsewhere; nothing changed yet
             held[:matched] &= ~same
             i = int(np.flatnonzero(held)[0])
-            raise PrefixCacheError(f"page {int(pages[i])} (token {i * P}) is already cached at another position")
+            raise PrefixCacheError(
+                f"page {int(pages[i])} (token {i * P}) is already cached at another position"
+            )
         if path and path[-1][1] < path[-1][0].num_pages:
             path[-1] = (self.tree.split(*path[-1]), path[-1][1])
         nodes, dup, new, pos = [], [], 0, 0
@@ -280,7 +288,9 @@ class PrefixCache:
             vals[:, PAGE] = pages[matched:]
             vals[:, LANE] = vals[:, PAGE] % self.cp_size
             vals[:, HKEY] = -1
-            leaf = self.tree.add_leaf(nodes[-1] if nodes else self.tree.root, tokens[matched * P : k * P], vals)
+            leaf = self.tree.add_leaf(
+                nodes[-1] if nodes else self.tree.root, tokens[matched * P : k * P], vals
+            )
             book.set_device(leaf, leaf.vals[:, PAGE])
             nodes.append(leaf)
             new += k - matched
@@ -344,8 +354,10 @@ class PrefixCache:
         """The live run holding a handle's last page, or PrefixCacheError for a stale handle."""
         node, depth = self.tree.resolve(handle)
         if depth and (not node.dev or node.gen != handle.gen):  # type: ignore[attr-defined]
-            raise PrefixCacheError(f"stale handle: the pages of its {depth}-page prefix were evicted since it "
-                                   "was returned; call match_prefix again")  # fmt: skip
+            raise PrefixCacheError(
+                f"stale handle: the pages of its {depth}-page prefix were evicted since it "
+                "was returned; call match_prefix again"
+            )
         return node, depth  # type: ignore[return-value]
 
     def _on_split(self, upper: CacheNode, lower: CacheNode) -> None:

@@ -47,8 +47,18 @@ class RadixNode:
         stamp: last-use stamp (``RadixTree.tick``). attached: False once removed from the tree.
     """
 
-    __slots__ = ("parent", "children", "tokens", "vals", "start", "lock_ref", "own_locks", "stamp", "attached",
-                 "nid")  # fmt: skip
+    __slots__ = (
+        "parent",
+        "children",
+        "tokens",
+        "vals",
+        "start",
+        "lock_ref",
+        "own_locks",
+        "stamp",
+        "attached",
+        "nid",
+    )
 
     def __init__(self, parent: RadixNode | None, tokens: np.ndarray, vals: np.ndarray, start: int, nid: int):
         self.parent = parent
@@ -99,8 +109,13 @@ class RadixTree:
         on_split: called as ``on_split(upper, lower)`` after every split, to copy or remap user state.
     """
 
-    def __init__(self, page_size: int, num_fields: int, node_factory: Callable[..., RadixNode] = RadixNode,
-                 on_split: Callable[[RadixNode, RadixNode], None] | None = None) -> None:
+    def __init__(
+        self,
+        page_size: int,
+        num_fields: int,
+        node_factory: Callable[..., RadixNode] = RadixNode,
+        on_split: Callable[[RadixNode, RadixNode], None] | None = None,
+    ) -> None:
         self.page_size = page_size
         self.num_fields = num_fields
         self._new = node_factory
@@ -188,8 +203,9 @@ class RadixTree:
         tokens = node.tokens
         base = tokens if tokens.base is None else tokens.base
         head = tokens[: at * P]
-        upper = self._node(parent, head if 2 * head.size >= base.size else head.copy(), node.vals[:at].copy(),
-                           node.start)  # fmt: skip
+        upper = self._node(
+            parent, head if 2 * head.size >= base.size else head.copy(), node.vals[:at].copy(), node.start
+        )
         upper.stamp, upper.lock_ref = node.stamp, node.lock_ref
         parent.children[upper.tokens[:P].tobytes()] = upper  # type: ignore[union-attr]
         if lower_goes:
@@ -252,8 +268,10 @@ class RadixTree:
             PrefixCacheError: no lock taken through this handle is outstanding (nothing changes).
         """
         if depth != node.end or node.own_locks == 0:
-            raise PrefixCacheError(f"unlock without lock: no lock taken through this {depth}-page handle "
-                                   "is outstanding (unlock the handle you locked)")  # fmt: skip
+            raise PrefixCacheError(
+                f"unlock without lock: no lock taken through this {depth}-page handle "
+                "is outstanding (unlock the handle you locked)"
+            )
         node.own_locks -= 1
         return self.adjust(node, -1)
 

@@ -33,7 +33,9 @@ class _LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-@click.group(cls=_LazyGroup, help="cpkv: context-parallel prefill with an owner-lane sharded, paged KV cache.")
+@click.group(
+    cls=_LazyGroup, help="cpkv: context-parallel prefill with an owner-lane sharded, paged KV cache."
+)
 @click.version_option(package_name="cpkv")
 def app() -> None:
     """The ``cpkv`` command group."""

@@ -14,24 +14,50 @@ from .options import FilePath, InputError
 
 
 @click.command()
-@click.option("--prefix-len", type=int, multiple=True,
-              help="Tokens already cached; repeat once per request [0 for every request when not given].")
+@click.option(
+    "--prefix-len",
+    type=int,
+    multiple=True,
+    help="Tokens already cached; repeat once per request [0 for every request when not given].",
+)
 @click.option("--extend-len", type=int, multiple=True, help="New tokens; repeat once per request.")
-@click.option("--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P).")
-@click.option("--cp-size", type=int, default=SimConfig.cp_size, show_default=True,
-              help="Ranks in the CP group (C), at most 4096 (cpkv.limits.MAX_CP_SIZE).")  # fmt: skip
+@click.option(
+    "--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P)."
+)
+@click.option(
+    "--cp-size",
+    type=int,
+    default=SimConfig.cp_size,
+    show_default=True,
+    help="Ranks in the CP group (C), at most 4096 (cpkv.limits.MAX_CP_SIZE).",
+)
 @click.option("--req-index", type=int, default=None, help="Batch position of a single request (phase input).")
-@click.option("--head-owner", type=int, multiple=True, help="Lane of each request's last_loc page (-1: none).")
-@click.option("--policy", type=click.Choice(list(OWNER_POLICIES)), default=None,
-              help="Owner policy (default: $CPKV_OWNER_POLICY, else balanced).")  # fmt: skip
-@click.option("--cp-strategy", type=click.Choice(list(CP_STRATEGIES)), default=None,
-              help="How new pages go to lanes: zigzag (2C segments) or interleave (page k on lane "
-                   "(phase + k) % C, SGLang's round robin) (default: $CPKV_CP_STRATEGY, else zigzag).")  # fmt: skip
-@click.option("--batch", type=FilePath(), default=None,
-              help="JSON list of {prefix_len, extend_len[, head_owner]} instead of the flags.")  # fmt: skip
+@click.option(
+    "--head-owner", type=int, multiple=True, help="Lane of each request's last_loc page (-1: none)."
+)
+@click.option(
+    "--policy",
+    type=click.Choice(list(OWNER_POLICIES)),
+    default=None,
+    help="Owner policy (default: $CPKV_OWNER_POLICY, else balanced).",
+)
+@click.option(
+    "--cp-strategy",
+    type=click.Choice(list(CP_STRATEGIES)),
+    default=None,
+    help="How new pages go to lanes: zigzag (2C segments) or interleave (page k on lane "
+    "(phase + k) % C, SGLang's round robin) (default: $CPKV_CP_STRATEGY, else zigzag).",
+)
+@click.option(
+    "--batch",
+    type=FilePath(),
+    default=None,
+    help="JSON list of {prefix_len, extend_len[, head_owner]} instead of the flags.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, policy, cp_strategy, batch,
-         as_json) -> None:  # fmt: skip
+def plan(
+    prefix_len, extend_len, page_size, cp_size, req_index, head_owner, policy, cp_strategy, batch, as_json
+) -> None:
     """Plan page owners for one request or a batch: phase, lane strip, per-rank tokens, MQA-logits.
 
     \b
@@ -54,15 +80,21 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
     if extend_len and not prefix_len and batch is None:
         prefix_len = [0] * len(extend_len)  # nothing cached: `cpkv plan --extend-len 64` plans a fresh prompt
     if len(prefix_len) != len(extend_len):
-        raise InputError(f"give one --prefix-len per --extend-len (got {len(prefix_len)} and {len(extend_len)})")
+        raise InputError(
+            f"give one --prefix-len per --extend-len (got {len(prefix_len)} and {len(extend_len)})"
+        )
     if head_owner and len(head_owner) != len(extend_len):
-        raise InputError(f"give one --head-owner per request or none (got {len(head_owner)} for {len(extend_len)})")
+        raise InputError(
+            f"give one --head-owner per request or none (got {len(head_owner)} for {len(extend_len)})"
+        )
     config = CPConfig(cp_size, page_size, policy, cp_strategy)
     heads = [None if h == -1 else h for h in head_owner] if head_owner else None
     if req_index is not None:
         if len(extend_len) != 1:
             raise InputError(f"--req-index={req_index} applies to a single request, got {len(extend_len)}")
-        one = plan_request(prefix_len[0], extend_len[0], config, req_index=req_index, head_owner=(heads or [None])[0])
+        one = plan_request(
+            prefix_len[0], extend_len[0], config, req_index=req_index, head_owner=(heads or [None])[0]
+        )
         summary = plan_to_dict(one, config)
     else:
         summary = plan_to_dict(plan_batch(prefix_len, extend_len, config, head_owners=heads))
@@ -70,23 +102,31 @@ def plan(prefix_len, extend_len, page_size, cp_size, req_index, head_owner, poli
     for line in ignored_head_owners(summary["requests"], heads or [], page_size, flag):
         click.echo(f"cpkv: warning: {line}", err=True)
     if follows_free_pages(config.owner_policy):
-        click.echo("cpkv: note: under balanced the allocator chooses each phase from the lanes' free pages "
-                   "(C-BALANCED); the planner alone, shown here, uses the rotation rule", err=True)  # fmt: skip
+        click.echo(
+            "cpkv: note: under balanced the allocator chooses each phase from the lanes' free pages "
+            "(C-BALANCED); the planner alone, shown here, uses the rotation rule",
+            err=True,
+        )
     if as_json:
         dump_json(summary)
     else:
         print_plan(summary)
 
 
-def ignored_head_owners(requests: list[dict], heads: list[int | None], page_size: int, flag: str) -> list[str]:
+def ignored_head_owners(
+    requests: list[dict], heads: list[int | None], page_size: int, flag: str
+) -> list[str]:
     """One line per request given a head owner that its plan ignores: it has no head tokens (C-HEAD)
     because its prefix fills whole pages or it computes nothing. ``requests``: ``plan_to_dict`` rows."""
     lines = []
     for i, (r, head) in enumerate(zip(requests, heads, strict=False)):
         if head is None or r["head_tokens"]:
             continue
-        why = (f"prefix_len={r['prefix_len']} fills whole pages" if r["prefix_len"] % page_size == 0
-               else f"extend_len={r['extend_len']} computes no token")  # fmt: skip
+        why = (
+            f"prefix_len={r['prefix_len']} fills whole pages"
+            if r["prefix_len"] % page_size == 0
+            else f"extend_len={r['extend_len']} computes no token"
+        )
         lines.append(f"request {i}: {flag} {head} is ignored: {why} (no head tokens)")
     return lines
 
@@ -105,8 +145,10 @@ def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:
         raise InputError(f"{path}: cannot read batch file: {e}") from None
     key = duplicate_key(text)
     if key is not None:
-        raise InputError(f"{path}:{_duplicate_line(text, key)}: key {key!r} appears twice in one object (refused: "
-                         "JSON readers keep the last value without a word)")  # fmt: skip
+        raise InputError(
+            f"{path}:{_duplicate_line(text, key)}: key {key!r} appears twice in one object (refused: "
+            "JSON readers keep the last value without a word)"
+        )
     if not isinstance(rows, list) or not rows:
         raise InputError(f"{path}: expected a non-empty JSON list of requests")
     out: tuple[list[int], list[int], list[int]] = ([], [], [])
@@ -115,7 +157,9 @@ def read_batch_file(path: Path) -> tuple[list[int], list[int], list[int]]:
             raise InputError(f"{path}: entry {i} needs prefix_len and extend_len, got {row!r}")
         unknown = sorted(row.keys() - {"prefix_len", "extend_len", "head_owner"})
         if unknown:
-            raise InputError(f"{path}: entry {i} has unknown keys {unknown} (use prefix_len, extend_len, head_owner)")
+            raise InputError(
+                f"{path}: entry {i} has unknown keys {unknown} (use prefix_len, extend_len, head_owner)"
+            )
         head = row.get("head_owner")
         values = (row["prefix_len"], row["extend_len"], -1 if head is None else head)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):

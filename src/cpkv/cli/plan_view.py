@@ -43,7 +43,12 @@ def plan_to_dict(plan: BatchPlan | RequestPlan, config: CPConfig | None = None) 
         cfg, requests, per_rank = config, (plan,), plan.per_rank_tokens
         max_rank = max(per_rank.tolist(), default=0)
     else:
-        cfg, requests, per_rank, max_rank = plan.config, plan.requests, plan.per_rank_tokens, plan.max_rank_tokens
+        cfg, requests, per_rank, max_rank = (
+            plan.config,
+            plan.requests,
+            plan.per_rank_tokens,
+            plan.max_rank_tokens,
+        )
     return {
         "cp_size": cfg.cp_size,
         "page_size": cfg.page_size,
@@ -79,8 +84,9 @@ def print_plan(summary: dict) -> None:
     table = Table(
         title=f"cp_size={C} page_size={summary['page_size']} policy={summary['owner_policy']} "
         f"cp_strategy={summary['cp_strategy']}",
-        title_justify="left", box=box.SIMPLE_HEAD,
-    )  # fmt: skip
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
     for col in ("req", "prefix", "extend", "phase", "head:tokens"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("page owners (lane per page)", overflow="fold")
@@ -89,11 +95,18 @@ def print_plan(summary: dict) -> None:
     for r in summary["requests"]:
         head = "-" if r["head_owner"] is None else f"{r['head_owner']}:{r['head_tokens']}"
         table.add_row(
-            str(r["req_index"]), str(r["prefix_len"]), str(r["extend_len"]), str(r["phase"]), head,
-            lane_strip(np.asarray(r["page_owners"]), C), " ".join(map(str, r["per_rank_tokens"])),
+            str(r["req_index"]),
+            str(r["prefix_len"]),
+            str(r["extend_len"]),
+            str(r["phase"]),
+            head,
+            lane_strip(np.asarray(r["page_owners"]), C),
+            " ".join(map(str, r["per_rank_tokens"])),
             str(r["last_token_owner"]),
-        )  # fmt: skip
+        )
     console = Console(width=None if sys.stdout.isatty() else 132)
     console.print(table)
-    console.print(f"per_rank_tokens  {summary['per_rank_tokens']}  (max_rank_tokens {summary['max_rank_tokens']})")
+    console.print(
+        f"per_rank_tokens  {summary['per_rank_tokens']}  (max_rank_tokens {summary['max_rank_tokens']})"
+    )
     console.print(f"mqa_logits_elements per rank  {summary['mqa_logits_elements']}")

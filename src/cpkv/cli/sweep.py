@@ -13,17 +13,39 @@ from .options import FilePath
 
 @click.command()
 @click.argument("grid_file", metavar="GRID.toml", type=FilePath())
-@click.option("--out", "out_dir", type=FilePath(), default=Path("out/sweep"), show_default=True,
-              help="Directory for points/, results.csv, results.json, summary.csv, pareto.png, hit_rate.png.")  # fmt: skip
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="local: a process pool on this machine; ray: Ray actors (the `ray` extra).")  # fmt: skip
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Processes (local) or Ray actors [every core; ray: the cluster's CPUs].")  # fmt: skip
-@click.option("--ray-address", default=None,
-              help="An existing Ray cluster (ray start --head prints it; 'auto': the one on this machine) "
-                   "[--executor ray starts a local Ray].")  # fmt: skip
-@click.option("--max-points", type=click.IntRange(min=1), default=None,
-              help="Most points the grid may make (its lists' lengths multiplied) [100,000].")  # fmt: skip
+@click.option(
+    "--out",
+    "out_dir",
+    type=FilePath(),
+    default=Path("out/sweep"),
+    show_default=True,
+    help="Directory for points/, results.csv, results.json, summary.csv, pareto.png, hit_rate.png.",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="local: a process pool on this machine; ray: Ray actors (the `ray` extra).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Processes (local) or Ray actors [every core; ray: the cluster's CPUs].",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    help="An existing Ray cluster (ray start --head prints it; 'auto': the one on this machine) "
+    "[--executor ray starts a local Ray].",
+)
+@click.option(
+    "--max-points",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Most points the grid may make (its lists' lengths multiplied) [100,000].",
+)
 @click.option("--retry-failed", is_flag=True, help="Replay points whose stored result failed.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def sweep(grid_file, out_dir, executor, workers, ray_address, max_points, retry_failed, no_progress) -> None:
@@ -60,8 +82,15 @@ def sweep(grid_file, out_dir, executor, workers, ray_address, max_points, retry_
     except ValueError:  # not the main thread: SIGTERM keeps its disposition
         old = None
     try:
-        outcome = run_sweep(grid, out_dir, executor=executor, workers=workers, ray_address=ray_address,
-                            progress=not no_progress, retry_failed=retry_failed)  # fmt: skip
+        outcome = run_sweep(
+            grid,
+            out_dir,
+            executor=executor,
+            workers=workers,
+            ray_address=ray_address,
+            progress=not no_progress,
+            retry_failed=retry_failed,
+        )
     except SweepInterrupted as e:
         if e.terminated:  # one line, exit 143 (128 + SIGTERM)
             click.echo(f"cpkv: terminated: {e.line}", err=True)
@@ -74,8 +103,10 @@ def sweep(grid_file, out_dir, executor, workers, ray_address, max_points, retry_
         if old is not None:
             signal.signal(signal.SIGTERM, old)
     ok = sum(1 for r in outcome.rows if r["status"] == "ok")
-    click.echo(f"{len(outcome.rows)} points: {outcome.replayed} replayed, {outcome.stored} stored earlier, "
-               f"{outcome.failed} failed, in {outcome.wall_s:.1f} s; wrote {', '.join(map(str, outcome.paths))}")  # fmt: skip
+    click.echo(
+        f"{len(outcome.rows)} points: {outcome.replayed} replayed, {outcome.stored} stored earlier, "
+        f"{outcome.failed} failed, in {outcome.wall_s:.1f} s; wrote {', '.join(map(str, outcome.paths))}"
+    )
     if not ok:
         first = next((r["error"] for r in outcome.rows if r["error"]), "no point ran")
         raise InputError(f"no point of {grid_file} ran; the first error: {first}")

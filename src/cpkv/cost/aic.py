@@ -26,7 +26,9 @@ from .grid import Curve, Surface
 from .spec import EXTRA, CostExtraMissing, CostModelError, MeasuredSpec
 from .tables import PriceTables
 
-SIZES = np.unique(np.r_[2 ** np.arange(0, 22), 3 * 2 ** np.arange(0, 21)]).astype(np.int64)  # 1 .. 2 Mi tokens
+SIZES = np.unique(np.r_[2 ** np.arange(0, 22), 3 * 2 ** np.arange(0, 21)]).astype(
+    np.int64
+)  # 1 .. 2 Mi tokens
 """Token counts the tables are sampled at (1, 2, 3, 4, 6, 8, 12, ... 2**21), about 20 % apart at most."""
 PREFIXES = np.r_[0, SIZES]
 DECODE_BATCH = SIZES[SIZES <= 2**16]
@@ -34,17 +36,29 @@ DECODE_BATCH = SIZES[SIZES <= 2**16]
 # Operator classes of the DeepSeek sparse-attention models' op lists (aiconfigurator 0.12, one GPU or
 # plain CP; the large-EP graphs are not composed), by operator name.
 _CONTEXT = {
-    "context_embedding": "per_token", "context_add_norm_1": "per_token", "context_add_norm_2": "per_token",
-    "context_attention": "attention", "context_shared_gate_up_gemm": "group", "context_shared_act_gate": "group",
-    "context_shared_ffn2_gemm": "group", "context_router_gemm": "group", "context_moe": "group",
-    "context_moe_pre_dispatch": "dispatch", "context_moe_post_dispatch": "dispatch",
-    "context_logits_gemm": "logits", "context_p2p": "pipeline",
-}  # fmt: skip
+    "context_embedding": "per_token",
+    "context_add_norm_1": "per_token",
+    "context_add_norm_2": "per_token",
+    "context_attention": "attention",
+    "context_shared_gate_up_gemm": "group",
+    "context_shared_act_gate": "group",
+    "context_shared_ffn2_gemm": "group",
+    "context_router_gemm": "group",
+    "context_moe": "group",
+    "context_moe_pre_dispatch": "dispatch",
+    "context_moe_post_dispatch": "dispatch",
+    "context_logits_gemm": "logits",
+    "context_p2p": "pipeline",
+}
 _GENERATION = {
-    "generation_embedding": "per_token", "generation_add_norm_1": "per_token",
-    "generation_add_norm_2": "per_token", "generation_attention": "attention",
-    "generation_moe_overlap": "group", "generation_logits_gemm": "logits", "generation_p2p": "pipeline",
-}  # fmt: skip
+    "generation_embedding": "per_token",
+    "generation_add_norm_1": "per_token",
+    "generation_add_norm_2": "per_token",
+    "generation_attention": "attention",
+    "generation_moe_overlap": "group",
+    "generation_logits_gemm": "logits",
+    "generation_p2p": "pipeline",
+}
 
 
 def load_aiconfigurator():
@@ -70,7 +84,9 @@ def _guard(what: str, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except CostModelError:
         raise
-    except Exception as e:  # aiconfigurator raises ValueError, AssertionError, its own PerfDataNotAvailableError
+    except (
+        Exception
+    ) as e:  # aiconfigurator raises ValueError, AssertionError, its own PerfDataNotAvailableError
         text = " ".join(str(e).split()) or type(e).__name__
         raise CostModelError(f"aiconfigurator cannot price {what}: {text}") from None
 
@@ -113,9 +129,19 @@ class _Engine:
         config = ModelConfig(tp_size=1, cp_size=cp_size, moe_tp_size=cp_size // ep_size, moe_ep_size=ep_size)
         what = f"{where} at cp_size {cp_size}, ep_size {ep_size}"
         model = _guard(what, get_model, spec.model, config, spec.backend)
-        spec_json = _guard(what, engine_mod.build_engine_spec_json, model, model_path=spec.model, system=spec.gpu,
-                           backend=spec.backend, backend_version=self.version, kv_block_size=None,
-                           systems_path=None, nextn=0, database=db)  # fmt: skip
+        spec_json = _guard(
+            what,
+            engine_mod.build_engine_spec_json,
+            model,
+            model_path=spec.model,
+            system=spec.gpu,
+            backend=spec.backend,
+            backend_version=self.version,
+            kv_block_size=None,
+            systems_path=None,
+            nextn=0,
+            database=db,
+        )
         wire = _guard(what, core.engine_spec_bincode_from_json, spec_json)
         self.handle = _guard(what, engine_mod.EngineHandle, bytes(wire))
         self.what = what
@@ -127,12 +153,16 @@ class _Engine:
                 kind, fields = next(iter(op.items()))
                 cls = names.get(fields["name"])
                 if cls is None:
-                    raise CostModelError(f"cpkv cannot compose {spec.model!r}: its {phase} operator {fields['name']!r} "
-                                         f"({kind}) is not one of a DeepSeek sparse-attention model's")  # fmt: skip
+                    raise CostModelError(
+                        f"cpkv cannot compose {spec.model!r}: its {phase} operator {fields['name']!r} "
+                        f"({kind}) is not one of a DeepSeek sparse-attention model's"
+                    )
                 classes.setdefault(cls, []).append((i, {"kind": kind, **fields}))
             self.ops[phase] = classes
         if [op["kind"] for _, op in self.ops["context"].get("attention", [])] != ["DsaContext"]:
-            raise CostModelError(f"cpkv composes DeepSeek sparse-attention (DSA) models; {spec.model!r} has none")
+            raise CostModelError(
+                f"cpkv composes DeepSeek sparse-attention (DSA) models; {spec.model!r} has none"
+            )
 
     def indices(self, phase: str, cls: str) -> list[int]:
         return [i for i, _ in self.ops[phase].get(cls, [])]
@@ -144,16 +174,28 @@ class _Engine:
         idx = self.indices("context", cls)
         if not idx:
             return 0.0
-        out = _guard(f"{self.what}: {cls} at {s} tokens after {prefix}", self.handle.evaluate_context_ops,
-                     idx, batch_size=1, s=int(s), prefix=int(prefix), x=x)  # fmt: skip
+        out = _guard(
+            f"{self.what}: {cls} at {s} tokens after {prefix}",
+            self.handle.evaluate_context_ops,
+            idx,
+            batch_size=1,
+            s=int(s),
+            prefix=int(prefix),
+            x=x,
+        )
         return float(sum(v for _, v, _, _ in out))
 
     def generation(self, cls: str, batch: int, kv_len: int) -> float:
         idx = self.indices("generation", cls)
         if not idx:
             return 0.0
-        out = _guard(f"{self.what}: decode {cls} of {batch} tokens over {kv_len} keys",
-                     self.handle.evaluate_generation_ops, idx, batch_size=int(batch), s=int(kv_len))  # fmt: skip
+        out = _guard(
+            f"{self.what}: decode {cls} of {batch} tokens over {kv_len} keys",
+            self.handle.evaluate_generation_ops,
+            idx,
+            batch_size=int(batch),
+            s=int(kv_len),
+        )
         return float(sum(v for _, v, _, _ in out))
 
 
@@ -172,8 +214,14 @@ def _sample_collective(spec: MeasuredSpec, op: str, num_gpus: int, elements: np.
     nccl = core_ops.NCCL(op, 1, op, 1, num_gpus, common.CommQuantMode.half)
     ops_json = import_module("aiconfigurator_core.sdk.engine").build_ops_json([nccl])
     what = f"{engine.what}: NCCL {op} over {num_gpus} GPUs"
-    return np.array([_guard(what, engine.handle.evaluate_ops_json, ops_json, is_context=True, batch_size=1,
-                            s=int(n))[0][1] for n in elements])  # fmt: skip
+    return np.array(
+        [
+            _guard(what, engine.handle.evaluate_ops_json, ops_json, is_context=True, batch_size=1, s=int(n))[
+                0
+            ][1]
+            for n in elements
+        ]
+    )
 
 
 @lru_cache(maxsize=8)
@@ -219,11 +267,14 @@ def _price_tables(spec: MeasuredSpec, cp_size: int) -> PriceTables:
         return _one_gpu_tables(one_spec) if spec == one_spec else price_tables(one_spec, 1)
     group = _Engine(spec, cp_size, ep)
     tables = replace(
-        price_tables(one_spec, 1), cp_size=cp_size, ep_size=ep, moe_tp_size=cp_size // ep,
+        price_tables(one_spec, 1),
+        cp_size=cp_size,
+        ep_size=ep,
+        moe_tp_size=cp_size // ep,
         group=_curve(lambda n: group.context("group", n)),
         dispatch=_curve(lambda n: group.context("dispatch", n)),
         gen_group=_curve(lambda b: group.generation("group", b, 1), DECODE_BATCH),
-    )  # fmt: skip
+    )
     tables.comm.curve("all_gather", cp_size)  # the gather-back's and the KV designs' collective
     return replace(tables, provenance=_provenance(spec, _one_gpu_engine(one_spec), tables))
 
@@ -241,8 +292,12 @@ def _one_gpu_tables(spec: MeasuredSpec) -> PriceTables:
     # 128k keys, both measured), per logits element.
     far = one.context("attention", 8192, 131072) - one.context("attention", 8192, 65536)
     tables = PriceTables(
-        cp_size=1, ep_size=1, moe_tp_size=1, num_layers=int(attention_op["scale_factor"]),
-        hidden_size=int(one.op("context", "per_token")["hidden_size"]), index_topk=int(attention_op["index_topk"]),
+        cp_size=1,
+        ep_size=1,
+        moe_tp_size=1,
+        num_layers=int(attention_op["scale_factor"]),
+        hidden_size=int(one.op("context", "per_token")["hidden_size"]),
+        index_topk=int(attention_op["index_topk"]),
         kv_row_bytes=(dims["kv_lora_rank"] + dims["qk_rope_head_dim"]) * 2 + dims["index_head_dim"] + 4,
         kv_gather_row_bytes=(dims["kv_lora_rank"] + dims["qk_rope_head_dim"] + dims["index_head_dim"]) * 2,
         attention=Surface(SIZES, PREFIXES, attention),
@@ -256,7 +311,7 @@ def _one_gpu_tables(spec: MeasuredSpec) -> PriceTables:
         gen_logits=_curve(lambda b: one.generation("logits", b, 1), DECODE_BATCH),
         indexer_ms_per_element=max(far, 0.0) / (8192 * 65536),
         comm=CommCost(partial(_sample_collective, spec)),
-    )  # fmt: skip
+    )
     return replace(tables, provenance=_provenance(spec, one, tables))
 
 
@@ -265,15 +320,29 @@ def _provenance(spec: MeasuredSpec, one: _Engine, tables: PriceTables) -> dict:
     digest = hashlib.sha256()
     for table in (tables.attention, tables.gen_attention):
         digest.update(table.z.tobytes())
-    for curve in (tables.per_token, tables.group, tables.dispatch, tables.logits, tables.gen_per_token,
-                  tables.gen_group, tables.gen_logits):  # fmt: skip
+    for curve in (
+        tables.per_token,
+        tables.group,
+        tables.dispatch,
+        tables.logits,
+        tables.gen_per_token,
+        tables.gen_group,
+        tables.gen_logits,
+    ):
         digest.update(curve.y.tobytes())
     nccl = (one.database.system_spec.get("misc") or {}).get("nccl_version")
     return {
-        "cost_model": "measured", "gpu": spec.gpu, "model": spec.model, "backend": spec.backend,
-        "backend_version": one.version, "nccl_version": nccl,
+        "cost_model": "measured",
+        "gpu": spec.gpu,
+        "model": spec.model,
+        "backend": spec.backend,
+        "backend_version": one.version,
+        "nccl_version": nccl,
         "data_version": f"{spec.backend} {one.version}, nccl {nccl}",
         "aiconfigurator_version": aiconfigurator_version(),
-        "cp_size": tables.cp_size, "ep_size": tables.ep_size, "moe_tp_size": tables.moe_tp_size,
-        "num_layers": tables.num_layers, "tables_sha256": digest.hexdigest()[:16],
-    }  # fmt: skip
+        "cp_size": tables.cp_size,
+        "ep_size": tables.ep_size,
+        "moe_tp_size": tables.moe_tp_size,
+        "num_layers": tables.num_layers,
+        "tables_sha256": digest.hexdigest()[:16],
+    }

@@ -22,7 +22,9 @@ COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 ELEMENT_BYTES = 2
 """Bytes of one element of the measured messages (NCCL ``half``)."""
 
-_ELEMENTS = np.unique(np.r_[2.0 ** np.arange(4, 31), 3.0 * 2.0 ** np.arange(3, 29)])  # 16 .. 1 Gi elements (2 GiB)
+_ELEMENTS = np.unique(
+    np.r_[2.0 ** np.arange(4, 31), 3.0 * 2.0 ** np.arange(3, 29)]
+)  # 16 .. 1 Gi elements (2 GiB)
 
 
 class CommCost:

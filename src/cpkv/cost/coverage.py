@@ -92,14 +92,19 @@ def check_covered(spec: MeasuredSpec, cp_size: int) -> None:
         raise CostModelError(
             f"aiconfigurator holds no {spec.backend} measurements of a DeepSeek sparse-attention model on gpu "
             f"{spec.gpu!r}; {spec.backend} has them on {', '.join(gpus) or 'no gpu'}"
-            + (f"; {spec.gpu} has them for {', '.join(here)}" if here else ""))  # fmt: skip
+            + (f"; {spec.gpu} has them for {', '.join(here)}" if here else "")
+        )
     models = dsa_models(spec.gpu, spec.backend)
     if spec.model not in models:
-        raise CostModelError(f"aiconfigurator holds no {spec.backend} measurements of {spec.model!r} on {spec.gpu}; "
-                             f"it holds {', '.join(sorted(models))}")  # fmt: skip
+        raise CostModelError(
+            f"aiconfigurator holds no {spec.backend} measurements of {spec.model!r} on {spec.gpu}; "
+            f"it holds {', '.join(sorted(models))}"
+        )
     if cp_size > 1 and spec.backend not in CP_BACKENDS:
-        raise CostModelError(f"aiconfigurator composes context-parallel prefill of {spec.model} only on "
-                             f"{', '.join(CP_BACKENDS)}; --backend {spec.backend} prices --cp-size 1 only")  # fmt: skip
+        raise CostModelError(
+            f"aiconfigurator composes context-parallel prefill of {spec.model} only on "
+            f"{', '.join(CP_BACKENDS)}; --backend {spec.backend} prices --cp-size 1 only"
+        )
 
 
 def extrapolated(spec: MeasuredSpec, cp_size: int, chunk_size: int, longest_context: int) -> list[str]:
@@ -109,8 +114,10 @@ def extrapolated(spec: MeasuredSpec, cp_size: int, chunk_size: int, longest_cont
     out = []
     most = nccl_gpus(spec.gpu)
     if cp_size > most:
-        out.append(f"collectives over {cp_size} GPUs (NCCL measured over at most {most}, one node: "
-                   "aiconfigurator models the rest)")  # fmt: skip
+        out.append(
+            f"collectives over {cp_size} GPUs (NCCL measured over at most {most}, one node: "
+            "aiconfigurator models the rest)"
+        )
     isl, step = dsa_models(spec.gpu, spec.backend).get(spec.model, (0, 0))
     if chunk_size > isl:
         out.append(f"attention runs of up to {chunk_size:,} query tokens (measured up to {isl:,})")

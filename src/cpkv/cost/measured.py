@@ -102,7 +102,9 @@ class MeasuredCost:
         owner, a, b = plan.position_runs()
         runs = self.tables.attention(b - a, a)
         runs -= self._fixed
-        return np.bincount(owner, weights=runs, minlength=self.cp_size) + self._fixed * (plan.per_rank_tokens > 0)
+        return np.bincount(owner, weights=runs, minlength=self.cp_size) + self._fixed * (
+            plan.per_rank_tokens > 0
+        )
 
     def _indexer_elements(self, plan: BatchPlan | None) -> np.ndarray:
         """Per rank: MQA-logits elements ``(b - a) * b`` of its runs past top-k keys (below, the module

@@ -34,8 +34,9 @@ def sglang_mem_fraction_static(hbm_bytes: float, chunk_size: int, tp_size: int) 
 
 
 @lru_cache(maxsize=32)
-def memory_plan(spec: MeasuredSpec, cp_size: int, chunk_size: int, max_batch_tokens: int, max_running: int,
-                page_size: int) -> dict:  # fmt: skip
+def memory_plan(
+    spec: MeasuredSpec, cp_size: int, chunk_size: int, max_batch_tokens: int, max_running: int, page_size: int
+) -> dict:
     """The memory of one GPU of the group and the pool it leaves, JSON-ready (bytes unless named).
 
     Returns ``{"hbm_bytes", "weights_bytes", "activations_bytes", "runtime_overhead_bytes",
@@ -59,31 +60,51 @@ def memory_plan(spec: MeasuredSpec, cp_size: int, chunk_size: int, max_batch_tok
     ep = spec.ep_for(cp_size)
     version, db = measured_database(spec.gpu, spec.backend)
     where = f"the KV pool of {spec.model} on {spec.gpu} ({spec.backend}) at cp_size {cp_size}, ep_size {ep}"
-    estimator = guarded(where, KVCacheEstimator.from_request, spec.model, spec.gpu, spec.backend, version,
-                       max_num_tokens=max_batch_tokens, max_batch_size=max_running, tp_size=1,
-                       attention_dp_size=cp_size, moe_tp_size=cp_size // ep, moe_ep_size=ep)  # fmt: skip
+    estimator = guarded(
+        where,
+        KVCacheEstimator.from_request,
+        spec.model,
+        spec.gpu,
+        spec.backend,
+        version,
+        max_num_tokens=max_batch_tokens,
+        max_batch_size=max_running,
+        tp_size=1,
+        attention_dp_size=cp_size,
+        moe_tp_size=cp_size // ep,
+        moe_ep_size=ep,
+    )
     hbm = float(db.system_spec["gpu"]["mem_capacity"])
     fraction = sglang_mem_fraction_static(hbm, chunk_size, cp_size)
     b = estimator.breakdown
-    parts = {k: int(b[k]) for k in ("weights_bytes", "activations_bytes", "runtime_overhead_bytes", "comm_overhead_bytes")}
+    parts = {
+        k: int(b[k])
+        for k in ("weights_bytes", "activations_bytes", "runtime_overhead_bytes", "comm_overhead_bytes")
+    }
     pool = max(int(hbm * fraction - b["non_kv_bytes"]), 0)  # aiconfigurator's kv_cache_budget_bytes, of total
     tokens = int(b["tokens_from_kv_bytes"](pool)) if pool else 0
     headroom = int(hbm) - sum(parts.values()) - pool  # negative: the model does not fit
     src_est = f"aiconfigurator {_version()} KVCacheEstimator ({spec.backend} {version})"
     return {
-        "hbm_bytes": int(hbm), **parts, "kv_pool_bytes": pool, "headroom_bytes": headroom,
-        "mem_fraction_static": fraction, "kv_bytes_per_token": int(b["kv_size_per_token_bytes"]), "kv_pool_tokens": tokens,
+        "hbm_bytes": int(hbm),
+        **parts,
+        "kv_pool_bytes": pool,
+        "headroom_bytes": headroom,
+        "mem_fraction_static": fraction,
+        "kv_bytes_per_token": int(b["kv_size_per_token_bytes"]),
+        "kv_pool_tokens": tokens,
         "pages_per_lane": tokens // page_size,
         "sources": {
             "hbm_bytes": f"aiconfigurator system spec {spec.gpu} (gpu.mem_capacity)",
             "weights_bytes": f"{src_est}: the model's weights per GPU at EP {ep}, attention on every GPU",
             "activations_bytes": f"{src_est}: activations of {max_batch_tokens:,} tokens a step",
-            "runtime_overhead_bytes": src_est, "comm_overhead_bytes": src_est,
+            "runtime_overhead_bytes": src_est,
+            "comm_overhead_bytes": src_est,
             "mem_fraction_static": "SGLang 0.5.23 default (arg_groups/memory_hook.py): (HBM - reserved) / HBM",
             "kv_pool_bytes": "hbm * mem_fraction_static - weights - activations - overheads (aiconfigurator)",
             "headroom_bytes": "hbm - everything above",
         },
-    }  # fmt: skip
+    }
 
 
 def _version() -> str:

@@ -58,5 +58,7 @@ class MeasuredSpec:
         """The expert-parallel width for a group of ``cp_size`` ranks; CostModelError unless it divides it."""
         ep = cp_size if self.ep_size is None else self.ep_size
         if cp_size % ep:
-            raise CostModelError(f"ep_size {ep} must divide cp_size {cp_size} (MoE width = the CP group's GPUs)")
+            raise CostModelError(
+                f"ep_size {ep} must divide cp_size {cp_size} (MoE width = the CP group's GPUs)"
+            )
         return ep

@@ -68,8 +68,14 @@ def _env_int(environ: Mapping[str, str], key: str, minimum: int) -> int:
 
 
 @click.command(help="One rank of a torchrun world running cpkv's CP prefill reference (C = WORLD_SIZE).")
-@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
-              help="Limit of each collective (and of the rendezvous), in seconds.")  # fmt: skip
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="Limit of each collective (and of the rendezvous), in seconds.",
+)
 @run_dist_options
 def command(timeout_s, as_json, **flags) -> int:
     """Run one rank; rank 0 prints the summary (or JSON) and every rank exits 0 when the run is OK."""
@@ -81,11 +87,21 @@ def command(timeout_s, as_json, **flags) -> int:
     case = build_case(world, **flags)
     t0 = time.monotonic()
     try:
-        results = run_rank(rank, world, cases_target, [case], None, init_method="env://", timeout_s=timeout_s,
-                           local_rank=local_rank)  # fmt: skip
+        results = run_rank(
+            rank,
+            world,
+            cases_target,
+            [case],
+            None,
+            init_method="env://",
+            timeout_s=timeout_s,
+            local_rank=local_rank,
+        )
     except dist.DistError as e:  # the rendezvous or a collective failed: a peer missing, or gone
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"the torchrun world of {world} did not run within --timeout {timeout_s:g} s: {first}") from None
+        raise ConfigError(
+            f"the torchrun world of {world} did not run within --timeout {timeout_s:g} s: {first}"
+        ) from None
     if rank != 0:
         return 0
     result = DistCommandResult.from_case(results[0], case.model, time.monotonic() - t0)

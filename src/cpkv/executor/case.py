@@ -110,7 +110,9 @@ class DistCase:
                 )
             return "local"
         if self.kv_storage == "local":
-            raise ConfigError("kv_storage='local' needs kv_access='local' (a rank then reads only its own lane)")
+            raise ConfigError(
+                "kv_storage='local' needs kv_access='local' (a rank then reads only its own lane)"
+            )
         return self.kv_storage or ("shm" if device.type == "cpu" and single_host else "mirrored")
 
 
@@ -142,12 +144,26 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
         )
     restored: list[int] = []
     backup, restore = host_hooks(pools, rank, restored)
-    sched = ReplicatedScheduler(config, caps, case.workload, prefix_cache=case.prefix_cache,
-                                host_pages_per_lane=case.host_pages_per_lane, backup_fn=backup,
-                                restore_fn=restore, device=group.device,
-                                hold_prompts=case.decode_steps > 0)  # fmt: skip
-    executor = CPExecutor(group, model, pools[LATENT], index_kv=pools.get(INDEX_K), audit_writes=case.audit_writes,
-                          fault_rank=case.fault_rank, kv_access=case.kv_access)  # fmt: skip
+    sched = ReplicatedScheduler(
+        config,
+        caps,
+        case.workload,
+        prefix_cache=case.prefix_cache,
+        host_pages_per_lane=case.host_pages_per_lane,
+        backup_fn=backup,
+        restore_fn=restore,
+        device=group.device,
+        hold_prompts=case.decode_steps > 0,
+    )
+    executor = CPExecutor(
+        group,
+        model,
+        pools[LATENT],
+        index_kv=pools.get(INDEX_K),
+        audit_writes=case.audit_writes,
+        fault_rank=case.fault_rank,
+        kv_access=case.kv_access,
+    )
     if case.check_replicas:
         group.check_replicas(
             f"{model.weights_digest()!r}|{_workload_digest(case.workload)}", "start (weights, workload)"
@@ -163,39 +179,66 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
         out = executor.forward(batch)
         audits.extend(out.audits)
         written.append(batch.out_cache_loc.cpu())
-        rec = group.run(f"forward {f}: record + finish", _record_finish, batch, out, sched, model, reference, rank,
-                        local)  # fmt: skip
+        rec = group.run(
+            f"forward {f}: record + finish", _record_finish, batch, out, sched, model, reference, rank, local
+        )
         records.append(rec)
         rids, ind = batch.request_ids.tolist(), batch.alloc.plan.extend_indptr
         for rid in sched.take_prompt_done():  # held for decode, with its last position's hidden state
             held[rid] = out.hidden[int(ind[rids.index(rid) + 1]) - 1]
         if held and (f in case.workload.decode_after or f == n_forwards - 1):
             first = n_forwards + case.decode_steps * len(decodes)
-            dec, locs, dec_audits = run_decode(group, sched, executor, model, list(held), torch.stack(list(held.values())),
-                                               f, case.decode_steps, first, local=local,
-                                               check_replicas=case.check_replicas)  # fmt: skip
+            dec, locs, dec_audits = run_decode(
+                group,
+                sched,
+                executor,
+                model,
+                list(held),
+                torch.stack(list(held.values())),
+                f,
+                case.decode_steps,
+                first,
+                local=local,
+                check_replicas=case.check_replicas,
+            )
             decodes.append(dec)
             written.extend(locs)
             audits.extend(dec_audits)
             group.run(f"decode {first}: release", lambda rids=list(held): [sched.release(r) for r in rids])
             held = {}
     if local:  # each rank checks its own lane, the only one it holds
-        intact = group.all_true(all(_unwritten_rows_intact(kv, written, restored, P) for kv in pools.values()))
+        intact = group.all_true(
+            all(_unwritten_rows_intact(kv, written, restored, P) for kv in pools.values())
+        )
         intact = intact if rank == 0 else None
     else:
         intact = (
-            all(_unwritten_rows_intact(kv, written, restored, P) for kv in pools.values()) if rank == 0 else None
+            all(_unwritten_rows_intact(kv, written, restored, P) for kv in pools.values())
+            if rank == 0
+            else None
         )
     errs = [r.max_abs_err for r in [*records, *decodes] if r.max_abs_err is not None]
     return CaseResult(
-        name=case.name, rank=rank, cp_size=C, page_size=P, pages_per_lane=caps, policy=config.owner_policy,
-        kv_storage=kind, attention=case.model.attention, forwards=records, audits=audits,
-        max_abs_err=max(errs) if errs else None, unwritten_rows_intact=intact,
+        name=case.name,
+        rank=rank,
+        cp_size=C,
+        page_size=P,
+        pages_per_lane=caps,
+        policy=config.owner_policy,
+        kv_storage=kind,
+        attention=case.model.attention,
+        forwards=records,
+        audits=audits,
+        max_abs_err=max(errs) if errs else None,
+        unwritten_rows_intact=intact,
         lane_pages_used=_lane_pages_used(written, restored, C, P),
-        cache_counters=sched.cache.counters() if sched.cache else {}, wall_s=time.perf_counter() - t0,
-        kv_access=case.kv_access, decodes=decodes,
-        pool_rows={name: int(kv.storage.shape[1]) for name, kv in pools.items()}, cp_strategy=config.cp_strategy,
-    )  # fmt: skip
+        cache_counters=sched.cache.counters() if sched.cache else {},
+        wall_s=time.perf_counter() - t0,
+        kv_access=case.kv_access,
+        decodes=decodes,
+        pool_rows={name: int(kv.storage.shape[1]) for name, kv in pools.items()},
+        cp_strategy=config.cp_strategy,
+    )
 
 
 def _record_finish(batch, out, sched: ReplicatedScheduler, model, reference, rank: int, local: bool):

@@ -85,15 +85,28 @@ class DecodeRecord:
         """``nsa``: measured == estimated logits elements on every step, rank and layer (None: dense)."""
         if self.logits_measured is None or self.logits_estimated is None:
             return None
-        return all(m == e for step, est in zip(self.logits_measured, self.logits_estimated, strict=True)
-                   for row, e in zip(step, est, strict=True) for m in row)  # fmt: skip
+        return all(
+            m == e
+            for step, est in zip(self.logits_measured, self.logits_estimated, strict=True)
+            for row, e in zip(step, est, strict=True)
+            for m in row
+        )
 
 
 def run_decode(
-    group: RankGroup, sched: ReplicatedScheduler, executor: CPExecutor, model: TinyDecoder, request_ids: list[int],
-    last_hidden: torch.Tensor, after_forward: int, steps: int, first_index: int, *, local: bool,
+    group: RankGroup,
+    sched: ReplicatedScheduler,
+    executor: CPExecutor,
+    model: TinyDecoder,
+    request_ids: list[int],
+    last_hidden: torch.Tensor,
+    after_forward: int,
+    steps: int,
+    first_index: int,
+    *,
+    local: bool,
     check_replicas: bool,
-):  # fmt: skip
+):
     """Decode held requests ``request_ids`` for ``steps`` steps (collective).
 
     Args:
@@ -115,8 +128,12 @@ def run_decode(
     per_rank = np.zeros(C, dtype=np.int64)
     for j in range(steps):
         index = first_index + j
-        step = group.run(f"decode {index}: greedy tokens + schedule", lambda h=h, index=index: sched.schedule_decode(
-            index, request_ids, model.next_tokens(h).cpu().tolist()))  # fmt: skip
+        step = group.run(
+            f"decode {index}: greedy tokens + schedule",
+            lambda h=h, index=index: sched.schedule_decode(
+                index, request_ids, model.next_tokens(h).cpu().tolist()
+            ),
+        )
         step_tokens = step.token_ids.cpu().tolist()
         if check_replicas:
             group.check_replicas(sched.digest(), f"decode {index}: schedule")
@@ -137,25 +154,34 @@ def run_decode(
         if res.topk is not None:
             topk.append(res.topk.cpu())
     record = DecodeRecord(
-        after_forward=after_forward, request_ids=list(request_ids),
-        prompt_lens=[len(sched.workload.requests[r]) for r in request_ids], steps=steps, first_index=first_index,
-        tokens=[list(t) for t in zip(*tokens, strict=True)], token_lanes=[list(t) for t in zip(*lanes, strict=True)],
-        per_rank_tokens=per_rank.tolist(), phases=phases, comm_bytes=comm,
+        after_forward=after_forward,
+        request_ids=list(request_ids),
+        prompt_lens=[len(sched.workload.requests[r]) for r in request_ids],
+        steps=steps,
+        first_index=first_index,
+        tokens=[list(t) for t in zip(*tokens, strict=True)],
+        token_lanes=[list(t) for t in zip(*lanes, strict=True)],
+        per_rank_tokens=per_rank.tolist(),
+        phases=phases,
+        comm_bytes=comm,
         page_lanes=[((sched.req_to_token[r][::P] // P) % C).tolist() for r in request_ids],
-        logits_measured=measured or None, logits_estimated=estimated or None,
+        logits_measured=measured or None,
+        logits_estimated=estimated or None,
         hidden=torch.stack(hidden).numpy() if group.rank == 0 else None,
         topk=torch.stack(topk).numpy() if topk and group.rank == 0 else None,
-    )  # fmt: skip
+    )
     if group.rank == 0:
-        record = group.run(f"decode {first_index}: record", record_decode, record, sched, model,
-                           last_hidden.cpu().numpy())  # fmt: skip
+        record = group.run(
+            f"decode {first_index}: record", record_decode, record, sched, model, last_hidden.cpu().numpy()
+        )
     else:
         group.barrier_ok(f"decode {first_index}: record")
     return record, locs, audits
 
 
-def record_decode(record: DecodeRecord, sched: ReplicatedScheduler, model: TinyDecoder,
-                  last_hidden: np.ndarray) -> DecodeRecord:  # fmt: skip
+def record_decode(
+    record: DecodeRecord, sched: ReplicatedScheduler, model: TinyDecoder, last_hidden: np.ndarray
+) -> DecodeRecord:
     """Rank 0: ``record`` compared with the single-process reference of every whole sequence.
 
     Args:
@@ -173,7 +199,9 @@ def record_decode(record: DecodeRecord, sched: ReplicatedScheduler, model: TinyD
         cp_h = torch.from_numpy(record.hidden[:, i])  # type: ignore[index]  # [N, hidden], positions L .. L+N-1
         err = max(err, float((cp_h - ref_h[L : L + N]).abs().max()))
         ref_logits = model.lm_logits(ref_h[L - 1 : L + N].to(model.device)).cpu()
-        cp_logits = model.lm_logits(torch.cat([torch.from_numpy(last_hidden[i : i + 1]), cp_h]).to(model.device))
+        cp_logits = model.lm_logits(
+            torch.cat([torch.from_numpy(last_hidden[i : i + 1]), cp_h]).to(model.device)
+        )
         lerr = max(lerr, float((cp_logits.cpu() - ref_logits).abs().max()))
         ref_tokens.append(torch.argmax(ref_logits[:N], dim=-1).tolist())
         if topk is not None:
@@ -182,5 +210,12 @@ def record_decode(record: DecodeRecord, sched: ReplicatedScheduler, model: TinyD
             rows, mismatched = rows + differs.numel(), mismatched + int(differs.sum())
             near += int((differs & tied).sum())
     extra = dict(topk_rows=rows, topk_mismatched=mismatched, topk_near_tie=near) if topk is not None else {}
-    return DecodeRecord(**{**record.__dict__, "reference_tokens": ref_tokens, "max_abs_err": err,
-                           "logits_max_abs_err": lerr, **extra})  # fmt: skip
+    return DecodeRecord(
+        **{
+            **record.__dict__,
+            "reference_tokens": ref_tokens,
+            "max_abs_err": err,
+            "logits_max_abs_err": lerr,
+            **extra,
+        }
+    )

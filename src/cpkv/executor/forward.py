@@ -146,9 +146,16 @@ class CPExecutor:
     """
 
     def __init__(
-        self, group: RankGroup, model: TinyDecoder, kv: KVBuffer, *, index_kv: KVBuffer | None = None,
-        audit_writes: bool = False, fault_rank: int | None = None, kv_access: str = "shared",
-    ) -> None:  # fmt: skip
+        self,
+        group: RankGroup,
+        model: TinyDecoder,
+        kv: KVBuffer,
+        *,
+        index_kv: KVBuffer | None = None,
+        audit_writes: bool = False,
+        fault_rank: int | None = None,
+        kv_access: str = "shared",
+    ) -> None:
         if model.config.nsa and index_kv is None:
             raise ConfigError("attention='nsa' needs the index-K pool: pass index_kv (C-NSA)")
         self.group, self.model, self.kv = group, model, kv
@@ -162,7 +169,9 @@ class CPExecutor:
                 f"kv_access={kv_access!r} with {kv.kind!r} storage: 'local' access takes 'local' storage "
                 f"(each rank's own lane only), and 'shared' access a view of every lane"
             )
-        self.local = LocalAttention(group, model, kv, index_kv, self._maybe_fault) if kv_access == "local" else None
+        self.local = (
+            LocalAttention(group, model, kv, index_kv, self._maybe_fault) if kv_access == "local" else None
+        )
         use_kernels(group.device)  # start-up gate: a bad CPKV_KERNELS or a missing kernel stack fails here
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
@@ -182,8 +191,10 @@ class CPExecutor:
         loc, pos, req = batch.out_cache_loc[idx], batch.positions[idx], batch.token_req[own]
         lp = runs = None
         if self.local is not None:
-            lp, h = g.run(f"forward {f}: local plan + embed",
-                          lambda: (self.local.prepare(batch), self.model.embed(batch.token_ids[idx])))  # type: ignore[union-attr]  # fmt: skip
+            lp, h = g.run(
+                f"forward {f}: local plan + embed",
+                lambda: (self.local.prepare(batch), self.model.embed(batch.token_ids[idx])),
+            )  # type: ignore[union-attr]
         else:
             runs = g.run(f"forward {f}: position runs", rank_runs, plan, g.rank, own) if nsa else None
             h = g.run(f"forward {f}: embed", self.model.embed, batch.token_ids[idx])
@@ -207,8 +218,9 @@ class CPExecutor:
                     topks.append(topk)
                     elements.append(n)
             elif nsa:
-                h, topk, n = g.run(f"{where}: sparse attention + MLP", self._sparse_mlp, layer, h, x, pos,
-                                   runs, batch)  # fmt: skip
+                h, topk, n = g.run(
+                    f"{where}: sparse attention + MLP", self._sparse_mlp, layer, h, x, pos, runs, batch
+                )
                 topks.append(topk)
                 elements.append(n)
             else:
@@ -221,12 +233,25 @@ class CPExecutor:
         else:
             comm = np.zeros((g.world_size, 2 * len(COMM_KINDS)), dtype=np.int64)
             if nsa:
-                counts = g.gather_rows(torch.tensor([elements], dtype=torch.int64, device=g.device), 1).cpu().numpy()
+                counts = (
+                    g.gather_rows(torch.tensor([elements], dtype=torch.int64, device=g.device), 1)
+                    .cpu()
+                    .numpy()
+                )
         if not nsa:
-            return ForwardOutput(hidden=hidden, own_tokens=int(own.shape[0]), audits=tuple(audits), comm_bytes=comm)
+            return ForwardOutput(
+                hidden=hidden, own_tokens=int(own.shape[0]), audits=tuple(audits), comm_bytes=comm
+            )
         topk = gather_back(g, torch.stack(topks, 1).flatten(1), plan).view(hidden.shape[0], len(topks), -1)
-        return ForwardOutput(hidden=hidden, own_tokens=int(own.shape[0]), audits=tuple(audits), topk=topk,
-                             logits_elements=counts, comm_bytes=comm, topk_digest=digest)  # fmt: skip
+        return ForwardOutput(
+            hidden=hidden,
+            own_tokens=int(own.shape[0]),
+            audits=tuple(audits),
+            topk=topk,
+            logits_elements=counts,
+            comm_bytes=comm,
+            topk_digest=digest,
+        )
 
     # ---------------------------------------------------------------------------------------- steps
     def _write_kv(self, layer: int, h: torch.Tensor, pos: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
@@ -255,8 +280,9 @@ class CPExecutor:
         Returns ``(h [n_r, hidden], topk [n_r, index_topk], logits elements materialised)``.
         """
         self._maybe_fault(layer, batch)
-        attn, topk, n = nsa_attention(self.model, layer, x, pos, runs, batch.kv_slots, self.kv,
-                                      self.pools[INDEX_K])  # fmt: skip
+        attn, topk, n = nsa_attention(
+            self.model, layer, x, pos, runs, batch.kv_slots, self.kv, self.pools[INDEX_K]
+        )
         h = h + attn
         return h + self.model.mlp(layer, h), topk, n
 
@@ -315,6 +341,17 @@ class CPExecutor:
             misread = int(
                 (pool.read(layer, loc).view(torch.int32) != written[name].view(torch.int32)).any(dim=-1).sum()
             )
-            audits.append(WriteAudit(f, layer, self.group.rank, name, int(loc.shape[0]), int(rows.shape[0]),
-                                     int(outside.sum()), unexpected, misread))  # fmt: skip
+            audits.append(
+                WriteAudit(
+                    f,
+                    layer,
+                    self.group.rank,
+                    name,
+                    int(loc.shape[0]),
+                    int(rows.shape[0]),
+                    int(outside.sum()),
+                    unexpected,
+                    misread,
+                )
+            )
         return x, audits

@@ -90,9 +90,15 @@ class RankGroup:
 
     @classmethod
     def init(
-        cls, rank: int, world_size: int, *, init_method: str, backend: str | None = None,
-        timeout_s: float = 60.0, local_rank: int | None = None,
-    ) -> RankGroup:  # fmt: skip
+        cls,
+        rank: int,
+        world_size: int,
+        *,
+        init_method: str,
+        backend: str | None = None,
+        timeout_s: float = 60.0,
+        local_rank: int | None = None,
+    ) -> RankGroup:
         """Join the process group and run the start-up self-check.
 
         Args:
@@ -125,9 +131,12 @@ class RankGroup:
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
         dist.init_process_group(
-            backend, init_method=init_method, rank=rank, world_size=world_size,
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
-        )  # fmt: skip
+        )
         single_host = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) == world_size
         group = cls(rank=rank, world_size=world_size, backend=backend, device=device, single_host=single_host)
         group.self_check()
@@ -218,7 +227,9 @@ class RankGroup:
         dist.all_gather(list(out.split(M)), padded, group=self.pg)
         return out
 
-    def exchange_rows(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
+    def exchange_rows(
+        self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]
+    ) -> torch.Tensor:
         """All-to-all of rows with exact sizes, no padding (``all_to_all_single``; C-MERGE's exchanges).
 
         Args:
@@ -233,8 +244,13 @@ class RankGroup:
         if self.world_size == 1:
             out.copy_(send)
             return out
-        dist.all_to_all_single(out, send.contiguous(), output_split_sizes=list(recv_counts),
-                               input_split_sizes=list(send_counts), group=self.pg)  # fmt: skip
+        dist.all_to_all_single(
+            out,
+            send.contiguous(),
+            output_split_sizes=list(recv_counts),
+            input_split_sizes=list(send_counts),
+            group=self.pg,
+        )
         return out
 
     def all_true(self, flag: bool) -> bool:

@@ -95,9 +95,12 @@ def near_ties(logits: torch.Tensor, positions: torch.Tensor, k: int) -> torch.Te
 
 
 def sparse_mla(
-    q: torch.Tensor, topk: torch.Tensor, read_rows: Callable[[torch.Tensor], torch.Tensor], latent_dim: int,
+    q: torch.Tensor,
+    topk: torch.Tensor,
+    read_rows: Callable[[torch.Tensor], torch.Tensor],
+    latent_dim: int,
     sm_scale: float,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Sparse MLA in absorbed form: softmax over each query's selected latent rows (SPEC C-NSA).
 
     Args:

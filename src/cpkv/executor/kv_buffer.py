@@ -97,7 +97,9 @@ class KVBuffer:
         Raises:
             LaneWriteError: a slot is negative or not owned by this rank (owner != compute).
         """
-        self._require_owned(slots, "write", LaneWriteError, "a rank writes only its own lane (C-OWNER-EQ-COMPUTE)")
+        self._require_owned(
+            slots, "write", LaneWriteError, "a rank writes only its own lane (C-OWNER-EQ-COMPUTE)"
+        )
         self.lane(layer)[self.layout.write_slots(slots)] = rows
 
     def read(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
@@ -116,7 +118,9 @@ class KVBuffer:
         """
         if self.holds_every_lane:
             return self.layout.read_slots(slots)
-        self._require_owned(slots, "read", LaneReadError, "under kv_access=local a rank holds only its own lane (C-MERGE)")
+        self._require_owned(
+            slots, "read", LaneReadError, "under kv_access=local a rank holds only its own lane (C-MERGE)"
+        )
         return self.layout.write_slots(slots)
 
     def _require_owned(self, slots: torch.Tensor, verb: str, error: type[Exception], why: str) -> None:
@@ -124,8 +128,10 @@ class KVBuffer:
         owned = self.layout.owned_mask(slots, self.rank)
         if not bool(owned.all()):
             bad = slots[~owned]
-            raise error(f"rank {self.rank} asked to {verb} slot {int(bad[0])} of lane "
-                        f"{int(self.layout.lane_of(bad[:1])[0])}: {why}")  # fmt: skip
+            raise error(
+                f"rank {self.rank} asked to {verb} slot {int(bad[0])} of lane "
+                f"{int(self.layout.lane_of(bad[:1])[0])}: {why}"
+            )
 
     def held_rows(self, slots: torch.Tensor) -> torch.Tensor:
         """Rows of ``storage`` holding those of ``slots`` that this buffer holds (local: the owned ones)."""
@@ -174,8 +180,12 @@ def create_kv_buffer(
         raise ConfigError(f"layout cp_size={layout.cp_size} but the group has {group.world_size} ranks")
     rows = layout.lane_slots if kind == "local" else layout.num_slots
     shape = (num_layers, rows, row_width)
-    check_bytes(f"a KV buffer of {num_layers} layers x {rows:,} slots x {row_width} floats",
-                4 * num_layers * rows * row_width, ConfigError, "lower --pages-per-lane")  # fmt: skip
+    check_bytes(
+        f"a KV buffer of {num_layers} layers x {rows:,} slots x {row_width} floats",
+        4 * num_layers * rows * row_width,
+        ConfigError,
+        "lower --pages-per-lane",
+    )
     if kind in ("mirrored", "local"):
         storage = torch.full(shape, float("nan"), dtype=torch.float32, device=group.device)
         return KVBuffer(layout, group.rank, storage, kind)

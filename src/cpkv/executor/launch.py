@@ -82,9 +82,15 @@ def make_run_tag() -> str:
 
 
 def run_rank(
-    rank: int, world_size: int, target: Callable[..., T], *args, init_method: str, backend: str | None = None,
-    timeout_s: float = 60.0, local_rank: int | None = None,
-) -> T:  # fmt: skip
+    rank: int,
+    world_size: int,
+    target: Callable[..., T],
+    *args,
+    init_method: str,
+    backend: str | None = None,
+    timeout_s: float = 60.0,
+    local_rank: int | None = None,
+) -> T:
     """Join the group as ``rank``, return ``target(group, *args)``, leave the group (also on error).
 
     Args:
@@ -98,8 +104,9 @@ def run_rank(
     Raises:
         RankOrderError: the start-up self-check failed. Whatever ``target`` raised.
     """
-    group = RankGroup.init(rank, world_size, init_method=init_method, backend=backend, timeout_s=timeout_s,
-                           local_rank=local_rank)  # fmt: skip
+    group = RankGroup.init(
+        rank, world_size, init_method=init_method, backend=backend, timeout_s=timeout_s, local_rank=local_rank
+    )
     try:
         return target(group, *args)
     finally:
@@ -114,9 +121,15 @@ def cases_target(group: RankGroup, cases: Sequence[DistCase], tag: str | None) -
 
 
 def run_dist(
-    cases: Sequence[DistCase], cp_size: int, *, backend: str | None = None, timeout_s: float = 60.0,
-    deadline_s: float | None = None, check: bool = True, threads_per_rank: int = 1,
-) -> DistRun:  # fmt: skip
+    cases: Sequence[DistCase],
+    cp_size: int,
+    *,
+    backend: str | None = None,
+    timeout_s: float = 60.0,
+    deadline_s: float | None = None,
+    check: bool = True,
+    threads_per_rank: int = 1,
+) -> DistRun:
     """Spawn ``cp_size`` local ranks on 127.0.0.1 and run ``cases`` on them, in order, in one group.
 
     Args:
@@ -139,17 +152,32 @@ def run_dist(
     """
     tag = make_run_tag()
     try:
-        return spawn_ranks(cases_target, cp_size, list(cases), tag, backend=backend, timeout_s=timeout_s,
-                           deadline_s=deadline_s, check=check, threads_per_rank=threads_per_rank)  # fmt: skip
+        return spawn_ranks(
+            cases_target,
+            cp_size,
+            list(cases),
+            tag,
+            backend=backend,
+            timeout_s=timeout_s,
+            deadline_s=deadline_s,
+            check=check,
+            threads_per_rank=threads_per_rank,
+        )
     finally:
         for f in shm_dir().glob(f"{FILE_PREFIX}{tag}-*"):
             f.unlink(missing_ok=True)
 
 
 def spawn_ranks(
-    target: Callable[..., object], cp_size: int, *args, backend: str | None = None, timeout_s: float = 60.0,
-    deadline_s: float | None = None, check: bool = True, threads_per_rank: int = 1,
-) -> DistRun:  # fmt: skip
+    target: Callable[..., object],
+    cp_size: int,
+    *args,
+    backend: str | None = None,
+    timeout_s: float = 60.0,
+    deadline_s: float | None = None,
+    check: bool = True,
+    threads_per_rank: int = 1,
+) -> DistRun:
     """Spawn ``cp_size`` ranks on 127.0.0.1 (free port chosen now) and run ``target(group, *args)`` on each.
 
     ``target`` must be a module-level function (the ``spawn`` start method pickles it by name). Every
@@ -172,7 +200,7 @@ def spawn_ranks(
             target=_spawned_rank,
             name=f"cpkv-rank-{r}",
             args=(r, cp_size, port, backend, timeout_s, threads, reports, target, args),
-        )  # fmt: skip
+        )
         for r in range(cp_size)
     ]
     t0 = time.monotonic()
@@ -188,8 +216,11 @@ def spawn_ranks(
     outcomes = {}
     for r, msg in raw.items():
         kind, value = pickle.loads(msg)
-        outcomes[r] = RankOutcome(rank=r, result=value if kind == "ok" else None,
-                                  error=pickle.loads(value) if kind == "error" else None)  # fmt: skip
+        outcomes[r] = RankOutcome(
+            rank=r,
+            result=value if kind == "ok" else None,
+            error=pickle.loads(value) if kind == "error" else None,
+        )
     missing = [r for r in range(cp_size) if r not in raw]
     if missing:
         codes = {r: procs[r].exitcode for r in missing}
@@ -197,12 +228,16 @@ def spawn_ranks(
             f"rank {r}: {o.error!r}" if o.error else f"rank {r}: ok" for r, o in sorted(outcomes.items())
         )
         if all(code is not None for code in codes.values()):  # every one of them ended: died, not late
-            why = (f"ranks {missing} died without reporting (exit codes {codes}); every rank was stopped. "
-                   "A rank that dies at start: the ranks are spawned and import the calling script again, so "
-                   'a script calls run_dist under `if __name__ == "__main__":`')  # fmt: skip
+            why = (
+                f"ranks {missing} died without reporting (exit codes {codes}); every rank was stopped. "
+                "A rank that dies at start: the ranks are spawned and import the calling script again, so "
+                'a script calls run_dist under `if __name__ == "__main__":`'
+            )
         else:
-            why = (f"ranks {missing} missed the {deadline_s:.0f} s deadline without reporting (exit codes "
-                   f"{codes}; None = was still running); every rank was stopped")  # fmt: skip
+            why = (
+                f"ranks {missing} missed the {deadline_s:.0f} s deadline without reporting (exit codes "
+                f"{codes}; None = was still running); every rank was stopped"
+            )
         raise LaunchError(f"{why}. Reports: {others or 'none'}")
     run = DistRun(cp_size=cp_size, outcomes=[outcomes[r] for r in range(cp_size)], wall_s=wall)
     if check:
@@ -248,8 +283,15 @@ def _spawned_rank(rank, world_size, port, backend, timeout_s, threads, reports, 
     """Body of a spawned rank: run, then report ``(rank, pickled ("ok", result) | ("error", bytes))``."""
     torch.set_num_threads(threads)
     try:
-        result = run_rank(rank, world_size, target, *args, init_method=f"tcp://{DEFAULT_ADDR}:{port}",
-                          backend=backend, timeout_s=timeout_s)  # fmt: skip
+        result = run_rank(
+            rank,
+            world_size,
+            target,
+            *args,
+            init_method=f"tcp://{DEFAULT_ADDR}:{port}",
+            backend=backend,
+            timeout_s=timeout_s,
+        )
         msg = pickle.dumps(("ok", result))
     except Exception as e:  # noqa: BLE001 - the error travels to the parent, typed
         msg = pickle.dumps(("error", pickle_error(e, rank, "run")))

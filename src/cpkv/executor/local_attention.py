@@ -104,7 +104,9 @@ class LocalPlan:
     runs: list[tuple[int, int, int, int]]
 
 
-def local_logits_elements(plan: BatchPlan, kv_slots: tuple[torch.Tensor, ...], cp_size: int, page_size: int) -> np.ndarray:
+def local_logits_elements(
+    plan: BatchPlan, kv_slots: tuple[torch.Tensor, ...], cp_size: int, page_size: int
+) -> np.ndarray:
     """Index-logits elements each rank materialises under ``local``, int64 ``[C]`` (docs/distributed.md).
 
     For every run ``[a, b)`` of one request's positions that some rank computes (``position_runs``, the
@@ -131,8 +133,14 @@ class LocalAttention:
             step (debug fault injection).
     """
 
-    def __init__(self, group: RankGroup, model: TinyDecoder, latent: KVBuffer, index_k: KVBuffer | None,
-                 fault: Callable[[int, ForwardBatch], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        group: RankGroup,
+        model: TinyDecoder,
+        latent: KVBuffer,
+        index_k: KVBuffer | None,
+        fault: Callable[[int, ForwardBatch], None],
+    ) -> None:
         self.group, self.model, self.latent, self.index_k, self.fault = group, model, latent, index_k, fault
         self.comm = CommCounter()
         self._digest = hashlib.sha256()
@@ -149,22 +157,38 @@ class LocalAttention:
         for i, slots in enumerate(batch.kv_slots):
             lanes = layout.lane_of(slots)
             own_pos = torch.nonzero(lanes == g.rank).flatten()
-            requests.append(RequestKeys(int(ind[i]), int(ind[i + 1]), slots, lanes, own_pos, slots[own_pos],
-                                        min(k, int(slots.shape[0]))))  # fmt: skip
+            requests.append(
+                RequestKeys(
+                    int(ind[i]),
+                    int(ind[i + 1]),
+                    slots,
+                    lanes,
+                    own_pos,
+                    slots[own_pos],
+                    min(k, int(slots.shape[0])),
+                )
+            )
         runs = []
         if self.model.config.nsa:
             _, req, a, b, flat = flat_runs(plan)
-            runs = [(i, b_j, f, f + b_j - a_j)
-                    for i, a_j, b_j, f in zip(req.tolist(), a.tolist(), b.tolist(), flat.tolist(), strict=True)]  # fmt: skip
+            runs = [
+                (i, b_j, f, f + b_j - a_j)
+                for i, a_j, b_j, f in zip(req.tolist(), a.tolist(), b.tolist(), flat.tolist(), strict=True)
+            ]
         longest = max(int(t.shape[0]) for t in batch.kv_slots)
         if longest > _MAX_POSITION:
-            raise ConfigError(f"kv_access=local exchanges int32 key positions; a request of {longest} tokens "
-                              f"is over {_MAX_POSITION}")  # fmt: skip
+            raise ConfigError(
+                f"kv_access=local exchanges int32 key positions; a request of {longest} tokens "
+                f"is over {_MAX_POSITION}"
+            )
         dev = g.device
-        return LocalPlan(counts=[int(o.shape[0]) for o in own_lists],
-                         own=torch.from_numpy(own_lists[g.rank]).to(dev),
-                         rank_order=torch.from_numpy(np.concatenate(own_lists)).to(dev),
-                         requests=requests, runs=runs)  # fmt: skip
+        return LocalPlan(
+            counts=[int(o.shape[0]) for o in own_lists],
+            own=torch.from_numpy(own_lists[g.rank]).to(dev),
+            rank_order=torch.from_numpy(np.concatenate(own_lists)).to(dev),
+            requests=requests,
+            runs=runs,
+        )
 
     def summary(self, elements: list[int], where: str) -> tuple[np.ndarray, np.ndarray | None, str | None]:
         """After a forward (collective): every rank's bytes, logits counts and top-k digest, in one all-gather.
@@ -186,13 +210,22 @@ class LocalAttention:
         shas = every[:, K + len(elements) :]
         bad = [r for r in range(g.world_size) if not np.array_equal(shas[r], shas[0])]
         if bad:
-            raise ReplicaDivergence(f"{where}: ranks {bad} took another global top-k than rank 0; the merge of "
-                                    f"the candidates must give every rank the same rows (C-MERGE)")  # fmt: skip
+            raise ReplicaDivergence(
+                f"{where}: ranks {bad} took another global top-k than rank 0; the merge of "
+                f"the candidates must give every rank the same rows (C-MERGE)"
+            )
         return every[:, :K], every[:, K : K + len(elements)], self._digest.hexdigest()
 
-    def layer(self, where: str, layer: int, h: torch.Tensor, x: torch.Tensor, lp: LocalPlan,
-              batch: ForwardBatch, q_own: torch.Tensor | None = None,
-              ) -> tuple[torch.Tensor, torch.Tensor | None, int]:  # fmt: skip
+    def layer(
+        self,
+        where: str,
+        layer: int,
+        h: torch.Tensor,
+        x: torch.Tensor,
+        lp: LocalPlan,
+        batch: ForwardBatch,
+        q_own: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """Attention and MLP of ``layer`` for this rank's tokens (collective).
 
         Args: ``h``/``x`` ``[n_r, hidden]`` hidden state and attention input of the own tokens; ``lp`` from
@@ -206,11 +239,19 @@ class LocalAttention:
             q_own = g.run(f"{where}: queries", self.queries, layer, x, batch.positions[lp.own])
         q_all = self._all_gather_tokens(q_own, lp)
         if nsa:
-            cand, elements = g.run(f"{where}: index logits + local top-k", self._candidates, layer, q_all,
-                                   lp, batch)  # fmt: skip
+            cand, elements = g.run(
+                f"{where}: index logits + local top-k", self._candidates, layer, q_all, lp, batch
+            )
             gathered = self._all_gather_candidates(cand)
-            part, topk = g.run(f"{where}: global top-k + sparse partials", self._sparse_partials, layer, q_all,
-                               gathered, lp, batch)  # fmt: skip
+            part, topk = g.run(
+                f"{where}: global top-k + sparse partials",
+                self._sparse_partials,
+                layer,
+                q_all,
+                gathered,
+                lp,
+                batch,
+            )
             self._digest.update(topk.cpu().numpy().tobytes())
             topk = topk[lp.own]
         else:
@@ -246,18 +287,22 @@ class LocalAttention:
             parts[1] = parts[1].view(q_all.shape[0], c.index_heads, c.index_head_dim)
         return parts
 
-    def _dense_partials(self, layer: int, q_all: torch.Tensor, lp: LocalPlan, batch: ForwardBatch) -> torch.Tensor:
+    def _dense_partials(
+        self, layer: int, q_all: torch.Tensor, lp: LocalPlan, batch: ForwardBatch
+    ) -> torch.Tensor:
         self.fault(layer, batch)
         (q,) = self._split_queries(q_all)
         part = torch.empty(q.shape[0], q.shape[1], value_width(self.model) + 1, device=q.device)
         for rk in lp.requests:
             rows = self.latent.read(layer, rk.own_slots)
-            part[rk.lo : rk.hi] = dense_partial(self.model, q[rk.lo : rk.hi], batch.positions[rk.lo : rk.hi],
-                                                rows, rk.own_pos)  # fmt: skip
+            part[rk.lo : rk.hi] = dense_partial(
+                self.model, q[rk.lo : rk.hi], batch.positions[rk.lo : rk.hi], rows, rk.own_pos
+            )
         return part
 
-    def _candidates(self, layer: int, q_all: torch.Tensor, lp: LocalPlan,
-                    batch: ForwardBatch) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:  # fmt: skip
+    def _candidates(
+        self, layer: int, q_all: torch.Tensor, lp: LocalPlan, batch: ForwardBatch
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
         """Local top-k candidates of every query, flat ``[T]`` logits and positions (request blocks
         ``[E_i, kc_i]`` in batch order), and the logits elements materialised."""
         self.fault(layer, batch)
@@ -276,10 +321,19 @@ class LocalAttention:
             cl, cp = local_topk(logits, rk.own_pos[:m], batch.positions[lo:hi], rk.kc)
             blocks_l[i][lo - rk.lo : hi - rk.lo] = cl
             blocks_p[i][lo - rk.lo : hi - rk.lo] = cp
-        return (torch.cat([b.flatten() for b in blocks_l]), torch.cat([b.flatten() for b in blocks_p])), elements
+        return (
+            torch.cat([b.flatten() for b in blocks_l]),
+            torch.cat([b.flatten() for b in blocks_p]),
+        ), elements
 
-    def _sparse_partials(self, layer: int, q_all: torch.Tensor, gathered: tuple[torch.Tensor, torch.Tensor],
-                         lp: LocalPlan, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def _sparse_partials(
+        self,
+        layer: int,
+        q_all: torch.Tensor,
+        gathered: tuple[torch.Tensor, torch.Tensor],
+        lp: LocalPlan,
+        batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Global top-k of every query ``[N, k]`` and the sparse-MLA partials over the held selected keys."""
         q = self._split_queries(q_all)[0]
         C, k, rank = self.group.world_size, self.model.config.index_topk, self.group.rank
@@ -296,8 +350,9 @@ class LocalAttention:
             sel = merge_topk(cl, cp, batch.positions[rk.lo : rk.hi], k)
             topk[rk.lo : rk.hi] = sel
             held = (sel >= 0) & (rk.lanes[sel.clamp(min=0)] == rank)
-            part[rk.lo : rk.hi] = sparse_partial(self.model, q[rk.lo : rk.hi], sel, held,
-                                                 lambda p, rk=rk: self.latent.read(layer, rk.slots[p]))  # fmt: skip
+            part[rk.lo : rk.hi] = sparse_partial(
+                self.model, q[rk.lo : rk.hi], sel, held, lambda p, rk=rk: self.latent.read(layer, rk.slots[p])
+            )
         return part, topk
 
     def _merge_mlp(self, layer: int, h: torch.Tensor, mine: torch.Tensor) -> torch.Tensor:
@@ -325,7 +380,9 @@ class LocalAttention:
         self.comm.add("partials", (sum(lp.counts) - n_r) * row_bytes, (C - 1) * n_r * row_bytes)
         return out.view(C, n_r, *part.shape[1:])
 
-    def _all_gather_candidates(self, cand: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _all_gather_candidates(
+        self, cand: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Every rank's flat candidates ``[T]`` (logits, positions) as ``[C, T]`` each, rank order.
 
         One all-gather of ``[T, 2]`` int32: the logit's float32 bits and the position (8 bytes a candidate).

@@ -41,8 +41,9 @@ def shard_softmax(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         (never NaN).
     """
     if scores.shape[-1] == 0:
-        return scores.clone(), torch.full(scores.shape[:-1], float("-inf"), dtype=scores.dtype,
-                                          device=scores.device)  # fmt: skip
+        return scores.clone(), torch.full(
+            scores.shape[:-1], float("-inf"), dtype=scores.dtype, device=scores.device
+        )
     m = scores.amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # an empty row: exp(-inf - 0) = 0 below
     e = torch.exp(scores - m)
@@ -135,8 +136,9 @@ def merge_topk(cand_logit: torch.Tensor, cand_pos: torch.Tensor, q_pos: torch.Te
         )
     key = torch.where(real, cand_pos, torch.full_like(cand_pos, _POS_SENTINEL))
     by_pos = torch.sort(key, dim=1, stable=True)  # unique positions: a total order, whatever the input order
-    logit = torch.gather(torch.where(real, cand_logit, torch.full_like(cand_logit, float("-inf"))), 1,
-                         by_pos.indices)  # fmt: skip
+    logit = torch.gather(
+        torch.where(real, cand_logit, torch.full_like(cand_logit, float("-inf"))), 1, by_pos.indices
+    )
     order = torch.sort(logit, dim=1, descending=True, stable=True).indices  # ties stay in position order
     kk = min(k, M)
     ranked = torch.gather(by_pos.values, 1, order[:, :kk])

@@ -89,9 +89,20 @@ class TinyDecoderConfig:
     index_round: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "kv_lora_rank", "rope_dim",
-                     "head_dim", "mlp_size", "index_heads", "index_head_dim", "index_rope_dim",
-                     "index_topk"):  # fmt: skip
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "kv_lora_rank",
+            "rope_dim",
+            "head_dim",
+            "mlp_size",
+            "index_heads",
+            "index_head_dim",
+            "index_rope_dim",
+            "index_topk",
+        ):
             check_int(name, getattr(self, name), 1)
         check_int("seed", self.seed, 0, 2**64 - 1 - INDEXER_SEED_OFFSET)  # torch seeds are uint64
         if self.kv_mode not in KV_MODES:
@@ -175,18 +186,34 @@ class TinyDecoder:
         self.embedding = w(c.vocab_size, H, fan_in=1)  # [vocab, H]
         self.layers: list[dict[str, torch.Tensor]] = []
         for _ in range(c.num_layers):
-            p = {"attn_norm": norm_w(H), "mlp_norm": norm_w(H), "w_o": w(nh * hd, H),
-                 "w_gate": w(H, c.mlp_size), "w_up": w(H, c.mlp_size), "w_down": w(c.mlp_size, H)}  # fmt: skip
+            p = {
+                "attn_norm": norm_w(H),
+                "mlp_norm": norm_w(H),
+                "w_o": w(nh * hd, H),
+                "w_gate": w(H, c.mlp_size),
+                "w_up": w(H, c.mlp_size),
+                "w_down": w(c.mlp_size, H),
+            }
             if c.kv_mode == "mla":
                 R, D = c.rope_dim, c.kv_lora_rank
-                p.update(w_dkv=w(H, D), kv_norm=norm_w(D), w_kr=w(H, R), w_q_lat=w(H, nh * D),
-                         w_q_rope=w(H, nh * R), w_uv=w(nh, D, hd, fan_in=D))  # fmt: skip
+                p.update(
+                    w_dkv=w(H, D),
+                    kv_norm=norm_w(D),
+                    w_kr=w(H, R),
+                    w_q_lat=w(H, nh * D),
+                    w_q_rope=w(H, nh * R),
+                    w_uv=w(nh, D, hd, fan_in=D),
+                )
             else:
                 p.update(w_q=w(H, nh * hd), w_k=w(H, nh * hd), w_v=w(H, nh * hd))
             if c.nsa:  # from the indexer's own generator: the other weights equal the dense model's
                 IH, ID, gi = c.index_heads, c.index_head_dim, g_index
-                p.update(w_qi=w(H, IH * ID, gen=gi), w_ki=w(H, ID, gen=gi), ki_norm=norm_w(ID, gen=gi),
-                         w_gate_i=w(H, IH, gen=gi))  # fmt: skip
+                p.update(
+                    w_qi=w(H, IH * ID, gen=gi),
+                    w_ki=w(H, ID, gen=gi),
+                    ki_norm=norm_w(ID, gen=gi),
+                    w_gate_i=w(H, IH, gen=gi),
+                )
             self.layers.append(p)
         self.final_norm_w = norm_w(H)
         self.lm_head = w(H, c.vocab_size, gen=torch.Generator().manual_seed(c.seed + LM_HEAD_SEED_OFFSET))
@@ -265,7 +292,9 @@ class TinyDecoder:
         into the index-K pool (SPEC C-NSA).
         """
         c, p = self.config, self.layers[layer]
-        k = _rope_leading(rms_norm(x @ p["w_ki"], p["ki_norm"], c.rms_eps), positions, c.index_rope_dim, c.rope_theta)
+        k = _rope_leading(
+            rms_norm(x @ p["w_ki"], p["ki_norm"], c.rms_eps), positions, c.index_rope_dim, c.rope_theta
+        )
         return k.round() if c.index_round else k
 
     def index_queries(
@@ -320,7 +349,9 @@ class TinyDecoder:
 
     def weights_digest(self) -> float:
         """Sum of all weights as a float64 checksum (equal in every process built from the same seed)."""
-        tensors = [self.embedding, self.final_norm_w, self.lm_head] + [t for p in self.layers for t in p.values()]
+        tensors = [self.embedding, self.final_norm_w, self.lm_head] + [
+            t for p in self.layers for t in p.values()
+        ]
         return float(sum(t.double().sum().item() for t in tensors))
 
     # ------------------------------------------------------------------------------------- reference

@@ -93,9 +93,15 @@ def rank_runs(plan: BatchPlan, rank: int, own: np.ndarray) -> list[RankRun]:
 
 
 def nsa_attention(
-    model: TinyDecoder, layer: int, x: torch.Tensor, pos: torch.Tensor, runs: list[RankRun],
-    kv_slots: tuple[torch.Tensor, ...], latent: KVBuffer, index_k: KVBuffer,
-) -> tuple[torch.Tensor, torch.Tensor, int]:  # fmt: skip
+    model: TinyDecoder,
+    layer: int,
+    x: torch.Tensor,
+    pos: torch.Tensor,
+    runs: list[RankRun],
+    kv_slots: tuple[torch.Tensor, ...],
+    latent: KVBuffer,
+    index_k: KVBuffer,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Indexer, top-k and sparse MLA of this rank's queries in one layer (SPEC C-NSA).
 
     Args:

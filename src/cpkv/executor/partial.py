@@ -22,7 +22,9 @@ from .merge import shard_softmax
 from .model import TinyDecoder, rotary
 
 
-def attention_queries(model: TinyDecoder, layer: int, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def attention_queries(
+    model: TinyDecoder, layer: int, x: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
     """Queries of tokens ``x [n, hidden]`` at ``positions [n]``: ``[n, heads, query_width]`` float32.
 
     MLA: the absorbed ``[q_lat | rope(q_rope)]`` (576 wide with DeepSeek sizes); MHA: ``rope(x W_q)``.
@@ -70,9 +72,12 @@ def dense_partial(
 
 
 def sparse_partial(
-    model: TinyDecoder, q: torch.Tensor, topk: torch.Tensor, held: torch.Tensor,
+    model: TinyDecoder,
+    q: torch.Tensor,
+    topk: torch.Tensor,
+    held: torch.Tensor,
     read_rows: Callable[[torch.Tensor], torch.Tensor],
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Sparse MLA of queries over the selected positions one rank holds, as a C-MERGE partial.
 
     Args:

@@ -141,8 +141,11 @@ class CaseResult:
         """Rank 0, ``nsa``: ``(rows compared, rows differing, of which near ties)`` over all forwards and
         decode steps."""
         fs = [f for f in [*self.forwards, *self.decodes] if f.topk_rows is not None]
-        return (sum(f.topk_rows for f in fs), sum(f.topk_mismatched for f in fs),  # type: ignore[misc]
-                sum(f.topk_near_tie for f in fs))  # type: ignore[misc]  # fmt: skip
+        return (
+            sum(f.topk_rows for f in fs),
+            sum(f.topk_mismatched for f in fs),  # type: ignore[misc]
+            sum(f.topk_near_tie for f in fs),
+        )  # type: ignore[misc]
 
     def hidden(self) -> np.ndarray:
         """Rank 0: every forward's hidden states stacked in forward order, ``[sum N, hidden]``."""
@@ -150,9 +153,14 @@ class CaseResult:
 
 
 def record_forward(
-    batch: ForwardBatch, out: ForwardOutput, sched: ReplicatedScheduler, model: TinyDecoder,
-    reference: dict[int, Reference], rank: int, local: bool = False,
-) -> ForwardRecord:  # fmt: skip
+    batch: ForwardBatch,
+    out: ForwardOutput,
+    sched: ReplicatedScheduler,
+    model: TinyDecoder,
+    reference: dict[int, Reference],
+    rank: int,
+    local: bool = False,
+) -> ForwardRecord:
     """The ``ForwardRecord`` of one forward; on rank 0 with the comparison against the reference.
 
     ``reference`` caches each request's ``Reference`` (computed on first use, on rank 0 only); ``local``:
@@ -185,17 +193,30 @@ def record_forward(
             extra["topk"] = topk.numpy()
             differs = (topk != torch.cat([ref.topk[s] for ref, s in refs])).any(-1)  # type: ignore[index]
             tied = torch.cat([ref.near_tie[s] for ref, s in refs])  # type: ignore[index]
-            extra.update(topk_rows=int(differs.numel()), topk_mismatched=int(differs.sum()),
-                         topk_near_tie=int((differs & tied).sum()))  # fmt: skip
+            extra.update(
+                topk_rows=int(differs.numel()),
+                topk_mismatched=int(differs.sum()),
+                topk_near_tie=int((differs & tied).sum()),
+            )
     return ForwardRecord(
-        index=batch.index, request_ids=rids, prefix_lens=L0, extend_lens=E, cache_hit_tokens=hits,
-        phases=plan.request_phases.tolist(), head_owners=plan.head_owners.tolist(),
-        per_rank_tokens=plan.per_rank_tokens.tolist(), max_rank_tokens=plan.max_rank_tokens,
-        own_tokens=out.own_tokens, comm_bytes=comm_dict(out.comm_bytes), topk_digest=out.topk_digest,
-        page_lanes=[((s[:: plan.config.page_size] // plan.config.page_size) % plan.config.cp_size).tolist()
-                    for s in (t.cpu().numpy() for t in batch.kv_slots)],
+        index=batch.index,
+        request_ids=rids,
+        prefix_lens=L0,
+        extend_lens=E,
+        cache_hit_tokens=hits,
+        phases=plan.request_phases.tolist(),
+        head_owners=plan.head_owners.tolist(),
+        per_rank_tokens=plan.per_rank_tokens.tolist(),
+        max_rank_tokens=plan.max_rank_tokens,
+        own_tokens=out.own_tokens,
+        comm_bytes=comm_dict(out.comm_bytes),
+        topk_digest=out.topk_digest,
+        page_lanes=[
+            ((s[:: plan.config.page_size] // plan.config.page_size) % plan.config.cp_size).tolist()
+            for s in (t.cpu().numpy() for t in batch.kv_slots)
+        ],
         **extra,
-    )  # fmt: skip
+    )
 
 
 def logits_estimate(batch: ForwardBatch, local: bool) -> np.ndarray:
@@ -212,8 +233,10 @@ def comm_dict(comm_bytes: np.ndarray | None) -> dict | None:
     if comm_bytes is None:
         return None
     K = len(COMM_KINDS)
-    return {kind: {"sent": comm_bytes[:, k].tolist(), "recv": comm_bytes[:, K + k].tolist()}
-            for k, kind in enumerate(COMM_KINDS)}  # fmt: skip
+    return {
+        kind: {"sent": comm_bytes[:, k].tolist(), "recv": comm_bytes[:, K + k].tolist()}
+        for k, kind in enumerate(COMM_KINDS)
+    }
 
 
 def _to_cpu(ref: Reference) -> Reference:

@@ -76,10 +76,18 @@ class ReplicatedScheduler:
     """
 
     def __init__(
-        self, config: CPConfig, pages_per_lane: int | Sequence[int], workload: Workload, *,
-        prefix_cache: bool = True, host_pages_per_lane: int = 0, backup_fn=None, restore_fn=None,
-        device: str | torch.device = "cpu", hold_prompts: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        config: CPConfig,
+        pages_per_lane: int | Sequence[int],
+        workload: Workload,
+        *,
+        prefix_cache: bool = True,
+        host_pages_per_lane: int = 0,
+        backup_fn=None,
+        restore_fn=None,
+        device: str | torch.device = "cpu",
+        hold_prompts: bool = False,
+    ) -> None:
         self.config = config
         self.workload = workload
         self.device = torch.device(device)
@@ -90,7 +98,7 @@ class ReplicatedScheduler:
                 host_pages_per_lane=host_pages_per_lane,
                 backup_fn=backup_fn,
                 restore_fn=restore_fn,
-            )  # fmt: skip
+            )
             if prefix_cache
             else None
         )
@@ -146,12 +154,14 @@ class ReplicatedScheduler:
             tokens.append(np.asarray(self.workload.requests[rid][L0[i] : ends[i]], dtype=_I64))
             positions.append(np.arange(L0[i], ends[i], dtype=_I64))
         return ForwardBatch(
-            index=index, request_ids=rids, alloc=alloc,
+            index=index,
+            request_ids=rids,
+            alloc=alloc,
             token_ids=torch.from_numpy(np.concatenate(tokens)).to(self.device),
             positions=torch.from_numpy(np.concatenate(positions)).to(self.device),
             token_req=np.repeat(np.arange(rids.shape[0], dtype=_I64), ends - L0),
             kv_slots=tuple(slots),
-        )  # fmt: skip
+        )
 
     def finish(self, batch: ForwardBatch) -> None:
         """After a forward: hand full pages to the prefix cache; release finished requests' pages."""
@@ -186,7 +196,9 @@ class ReplicatedScheduler:
         rids = np.asarray(request_ids, dtype=_I64)
         for rid in rids.tolist():
             if rid not in self._held:
-                raise PlanError(f"decode step {index}: request {rid} is not a held request whose prompt is done")
+                raise PlanError(
+                    f"decode step {index}: request {rid} is not a held request whose prompt is done"
+                )
         kvs = [self.kv[rid] for rid in rids.tolist()]
         seq = np.asarray([kv.length for kv in kvs], dtype=_I64)
         alloc = self._alloc(seq, None, np.asarray([kv.last_loc for kv in kvs], dtype=_I64))
@@ -198,11 +210,14 @@ class ReplicatedScheduler:
             self.generated.setdefault(rid, []).append(int(tokens[i]))
             slots.append(torch.from_numpy(kv.row.copy()).to(self.device))
         return ForwardBatch(
-            index=index, request_ids=rids, alloc=alloc,
+            index=index,
+            request_ids=rids,
+            alloc=alloc,
             token_ids=torch.as_tensor(np.asarray(tokens, dtype=_I64)).to(self.device),
-            positions=torch.from_numpy(seq).to(self.device), token_req=np.arange(rids.shape[0], dtype=_I64),
+            positions=torch.from_numpy(seq).to(self.device),
+            token_req=np.arange(rids.shape[0], dtype=_I64),
             kv_slots=tuple(slots),
-        )  # fmt: skip
+        )
 
     def release(self, rid: int) -> None:
         """Decode: end a held request: unlock its cache handle and free the pages it holds on its own."""
@@ -231,7 +246,9 @@ class ReplicatedScheduler:
     def _start(self, rid: int, end: int) -> None:
         """First forward of ``rid``: its ``req_to_token`` row is the cache hit (page aligned) or empty."""
         tokens = np.asarray(self.workload.requests[rid], dtype=_I64)
-        kv = self.kv[rid] = self.flow.start(tokens[: max(end - 1, 0)], tokens.shape[0])  # decode grows the row
+        kv = self.kv[rid] = self.flow.start(
+            tokens[: max(end - 1, 0)], tokens.shape[0]
+        )  # decode grows the row
         self.cache_hit_tokens[rid] = kv.length
 
     def _alloc(self, L0: np.ndarray, E: np.ndarray | None, last: np.ndarray) -> ExtendAllocation:

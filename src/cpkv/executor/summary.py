@@ -83,32 +83,69 @@ class DistCommandResult:
     @classmethod
     def from_case(cls, result: CaseResult, model, wall_s: float) -> DistCommandResult:
         """Summarise rank 0's ``CaseResult`` of a case run with ``model`` (its ``TinyDecoderConfig``)."""
-        keys = ["request_ids", "prefix_lens", "extend_lens", "cache_hit_tokens", "phases", "head_owners",
-                "per_rank_tokens", "max_abs_err", "comm_bytes"]  # fmt: skip
+        keys = [
+            "request_ids",
+            "prefix_lens",
+            "extend_lens",
+            "cache_hit_tokens",
+            "phases",
+            "head_owners",
+            "per_rank_tokens",
+            "max_abs_err",
+            "comm_bytes",
+        ]
         nsa = model.nsa
         nsa_keys = ["logits_measured", "logits_estimated", "topk_rows", "topk_mismatched", "topk_near_tie"]
         if nsa:
             keys += nsa_keys
         forwards = [{"forward": f.index, **{k: getattr(f, k) for k in keys}} for f in result.forwards]
-        dkeys = ["after_forward", "request_ids", "prompt_lens", "tokens", "reference_tokens", "tokens_match",
-                 "max_abs_err", "logits_max_abs_err", "per_rank_tokens", "token_lanes", "phases", "comm_bytes",
-                 *(nsa_keys if nsa else [])]  # fmt: skip
+        dkeys = [
+            "after_forward",
+            "request_ids",
+            "prompt_lens",
+            "tokens",
+            "reference_tokens",
+            "tokens_match",
+            "max_abs_err",
+            "logits_max_abs_err",
+            "per_rank_tokens",
+            "token_lanes",
+            "phases",
+            "comm_bytes",
+            *(nsa_keys if nsa else []),
+        ]
         decodes = [{k: getattr(d, k) for k in dkeys} for d in result.decodes]
         steps = [f["comm_bytes"] for f in forwards] + [c for d in decodes for c in d["comm_bytes"]]
         rows, mismatched, near = result.topk_counts() if nsa else (None, None, None)
         return cls(
-            cp_size=result.cp_size, page_size=result.page_size, pages_per_lane=result.pages_per_lane,
-            policy=result.policy, kv_mode=model.kv_mode, kv_row_width=model.kv_row_width,
-            layers=model.num_layers, kv_storage=result.kv_storage, attention=model.attention,
-            index_topk=model.index_topk if nsa else None, index_heads=model.index_heads if nsa else None,
-            max_abs_err=float(result.max_abs_err or 0.0), per_rank_tokens=result.per_rank_tokens,
-            forwards=forwards, logits_match=result.logits_match, topk_rows=rows, topk_mismatched=mismatched,
-            topk_near_tie=near, unwritten_rows_intact=bool(result.unwritten_rows_intact),
-            cache_counters=result.cache_counters, wall_s=wall_s, kv_access=result.kv_access,
-            decode_steps=result.decodes[0].steps if result.decodes else 0, decodes=decodes,
-            tokens_match=result.tokens_match, comm_bytes=_sum_comm(steps, result.cp_size),
+            cp_size=result.cp_size,
+            page_size=result.page_size,
+            pages_per_lane=result.pages_per_lane,
+            policy=result.policy,
+            kv_mode=model.kv_mode,
+            kv_row_width=model.kv_row_width,
+            layers=model.num_layers,
+            kv_storage=result.kv_storage,
+            attention=model.attention,
+            index_topk=model.index_topk if nsa else None,
+            index_heads=model.index_heads if nsa else None,
+            max_abs_err=float(result.max_abs_err or 0.0),
+            per_rank_tokens=result.per_rank_tokens,
+            forwards=forwards,
+            logits_match=result.logits_match,
+            topk_rows=rows,
+            topk_mismatched=mismatched,
+            topk_near_tie=near,
+            unwritten_rows_intact=bool(result.unwritten_rows_intact),
+            cache_counters=result.cache_counters,
+            wall_s=wall_s,
+            kv_access=result.kv_access,
+            decode_steps=result.decodes[0].steps if result.decodes else 0,
+            decodes=decodes,
+            tokens_match=result.tokens_match,
+            comm_bytes=_sum_comm(steps, result.cp_size),
             cp_strategy=result.cp_strategy,
-        )  # fmt: skip
+        )
 
     def to_dict(self) -> dict:
         """JSON-ready dict of every field plus ``ok`` and ``tolerance``."""
@@ -126,7 +163,8 @@ class DistCommandResult:
             f"cp_strategy={self.cp_strategy} kv={self.kv_mode} (row {self.kv_row_width} floats) layers={self.layers} storage={self.kv_storage} "
             f"attention={self.attention}"
             + (f" (index_topk={self.index_topk}, index_heads={self.index_heads})" if nsa else "")
-            + f" kv_access={self.kv_access}" + (f" decode_steps={self.decode_steps}" if self.decode_steps else ""),
+            + f" kv_access={self.kv_access}"
+            + (f" decode_steps={self.decode_steps}" if self.decode_steps else ""),
             f"{'fwd':>3}  {'prefix_lens':<16} {'extend_lens':<16} {'cache_hit':<16} {'phases':<10} "
             f"{'per_rank_tokens':<20} {'max_abs_err':<11}"
             + (
@@ -173,15 +211,19 @@ class DistCommandResult:
         if self.kv_access != "local":
             return ["communication: no query, partial or top-k exchange (kv_access=shared reads the view)"]
         kinds = [k for k in COMM_KINDS if k != "topk" or self.attention == "nsa"]
-        out = [f"communication, bytes sent per rank over all {self.layers} layers (each layer 1/{self.layers} of it; "
-               f"{' | '.join(kinds)}; received: see --json), per forward and decode step (dec F.J: step J of "
-               f"the decode after forward F):"]
+        out = [
+            f"communication, bytes sent per rank over all {self.layers} layers (each layer 1/{self.layers} of it; "
+            f"{' | '.join(kinds)}; received: see --json), per forward and decode step (dec F.J: step J of "
+            f"the decode after forward F):"
+        ]
         rows = [(f"fwd {f['forward']}", f["comm_bytes"]) for f in self.forwards]
         for d in self.decodes:  # runs of decode steps that exchanged the same bytes share a line
             steps, j0 = d["comm_bytes"], 0
             for j in range(1, len(steps) + 1):
                 if j == len(steps) or steps[j] != steps[j0]:
-                    rows.append((f"dec {d['after_forward']}.{j0}" + (f"-{j - 1}" if j - 1 > j0 else ""), steps[j0]))
+                    rows.append(
+                        (f"dec {d['after_forward']}.{j0}" + (f"-{j - 1}" if j - 1 > j0 else ""), steps[j0])
+                    )
                     j0 = j
         rows.append(("total", self.comm_bytes))
         for name, c in rows:
@@ -203,8 +245,10 @@ class DistCommandResult:
                 out.append(f"  request {rid}: tokens {_ints(toks)} on lanes {_ints(lanes)}")
         if self.decodes:
             n = sum(len(t) * len(t[0]) for t in (d["tokens"] for d in self.decodes))
-            out.append(f"decoded tokens vs single-process greedy reference: {n} tokens, "
-                       + ("all identical" if self.tokens_match else "some differ FAIL"))  # fmt: skip
+            out.append(
+                f"decoded tokens vs single-process greedy reference: {n} tokens, "
+                + ("all identical" if self.tokens_match else "some differ FAIL")
+            )
         return out
 
 

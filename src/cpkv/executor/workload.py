@@ -100,8 +100,12 @@ def make_workload(
             )
     tokens = sum(prefix_lens) + sum(extend_lens)
     tokens += tokens + sum(max(1, E // 2) for E in extend_lens) if reuse or reload else 0
-    check_bytes(f"a run-dist workload of {tokens:,} tokens", 48 * tokens, PlanError,
-                "the reference executor is for small checks")  # fmt: skip
+    check_bytes(
+        f"a run-dist workload of {tokens:,} tokens",
+        48 * tokens,
+        PlanError,
+        "the reference executor is for small checks",
+    )
     rng = np.random.default_rng(seed)
     B = len(extend_lens)
     requests = [
@@ -132,5 +136,9 @@ def make_workload(
         second = tuple((B + i, full[i]) for i in range(B) if fresh[i] // 2 > 0)
         if second:
             forwards.append(second)
-    return Workload(requests=tuple(requests), forwards=tuple(forwards), flush_before=frozenset(flush),
-                    decode_after=frozenset(decode_after))  # fmt: skip
+    return Workload(
+        requests=tuple(requests),
+        forwards=tuple(forwards),
+        flush_before=frozenset(flush),
+        decode_after=frozenset(decode_after),
+    )

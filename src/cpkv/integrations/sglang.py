@@ -68,7 +68,9 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
     default_cp_size: int = 1
     default_owner_policy: str | None = None
 
-    def __init__(self, size, page_size, dtype, device, kvcache, need_sort, *, cp_size=None, owner_policy=None):
+    def __init__(
+        self, size, page_size, dtype, device, kvcache, need_sort, *, cp_size=None, owner_policy=None
+    ):
         cp_size = self.default_cp_size if cp_size is None else cp_size
         owner_policy = self.default_owner_policy if owner_policy is None else owner_policy
         self.config = CPConfig(cp_size, page_size, owner_policy)  # validates before SGLang's clear() runs
@@ -86,7 +88,11 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         Raises: ConfigError for a bad ``cp_size`` or policy (checked now, not at SGLang's construction).
         """
         CPConfig(cp_size, 1, owner_policy)
-        attrs = {"default_cp_size": int(cp_size), "default_owner_policy": owner_policy, "__module__": cls.__module__}
+        attrs = {
+            "default_cp_size": int(cp_size),
+            "default_owner_policy": owner_policy,
+            "__module__": cls.__module__,
+        }
         return type(f"{cls.__name__}CP{int(cp_size)}", (cls,), attrs)
 
     @property
@@ -118,7 +124,9 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
 
     def resize(self, config) -> None:
         """SGLang's post-capture resize: ``config.max_total_num_tokens`` is one rank's new pool; clears."""
-        self.size = check_int("max_total_num_tokens", config.max_total_num_tokens, self.page_size) * self.cp_size
+        self.size = (
+            check_int("max_total_num_tokens", config.max_total_num_tokens, self.page_size) * self.cp_size
+        )
         self.clear()
 
     def available_size(self) -> int:
@@ -144,7 +152,9 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
             self._staged, self._staged_mask[:], self._staged_per_lane[:] = [], False, 0
             self.lanes.free(pages)
 
-    def get_extend_allocation_demand(self, prefix_lens_cpu, seq_lens_cpu, *, conservative_num_tokens, shard_size):
+    def get_extend_allocation_demand(
+        self, prefix_lens_cpu, seq_lens_cpu, *, conservative_num_tokens, shard_size
+    ):
         """Tokens SGLang's scheduler must see in ``available_size()`` before ``alloc_extend`` (evicting first).
 
         A request with m new pages puts at most ``ceil(m / C)`` on any lane whatever its phase (C-ZIGZAG),
@@ -176,8 +186,16 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         pages = check_int("need_size", need_size, 0) // self.page_size
         return self._serve(lambda: self.lanes.alloc_extend([0], [pages * self.page_size], [-1]))
 
-    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens,
-                     num_new_pages=None):  # fmt: skip
+    def alloc_extend(
+        self,
+        prefix_lens,
+        prefix_lens_cpu,
+        seq_lens,
+        seq_lens_cpu,
+        last_loc,
+        extend_num_tokens,
+        num_new_pages=None,
+    ):
         """Slots for the extend tokens of a batch (SPEC section 7), or None when a lane is short (C-ATOMIC).
 
         Args:
@@ -250,7 +268,9 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         if free_index.numel() == 0:
             return
         if start_pos % self.page_size:
-            raise AllocatorError(f"segment start {start_pos} is not page-aligned (page_size={self.page_size})")
+            raise AllocatorError(
+                f"segment start {start_pos} is not page-aligned (page_size={self.page_size})"
+            )
         self.free_page_ids(free_index[:: self.page_size] // self.page_size)
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
@@ -278,7 +298,9 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
             raise AllocatorError("free_group_end() without free_group_begin()")
         slots, ids = self.free_group, self.free_page_ids_group
         self.free_group, self.free_page_ids_group = None, []
-        by_slot = np.unique(_host("free_index", torch.cat(slots)) // self.page_size) if slots else np.zeros(0, _I64)
+        by_slot = (
+            np.unique(_host("free_index", torch.cat(slots)) // self.page_size) if slots else np.zeros(0, _I64)
+        )
         by_id = _host("page_ids", torch.cat(ids)) if ids else np.zeros(0, _I64)
         self._release(np.concatenate([by_id, by_slot]))
 
@@ -287,7 +309,11 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         bad = pages[(pages < self.cp_size) | (pages >= self.lanes.num_pages)]
         if bad.size:
             p = int(bad[0])
-            why = "a padding page" if 0 <= p < self.cp_size else f"not in [{self.cp_size}, {self.lanes.num_pages})"
+            why = (
+                "a padding page"
+                if 0 <= p < self.cp_size
+                else f"not in [{self.cp_size}, {self.lanes.num_pages})"
+            )
             raise AllocatorError(f"cannot free page {p}: {why}")
         if not self.need_sort:
             self.lanes.free(pages)
@@ -295,7 +321,9 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         uniq, cnt = np.unique(pages, return_counts=True)
         bad = np.concatenate([pages[self.lanes.is_free(pages) | self._staged_mask[pages]], uniq[cnt > 1]])
         if bad.size:
-            raise AllocatorError(f"cannot free page {int(bad[0])}: already free or listed twice (double free)")
+            raise AllocatorError(
+                f"cannot free page {int(bad[0])}: already free or listed twice (double free)"
+            )
         self._staged.append(pages)
         self._staged_mask[pages] = True
         self._staged_per_lane += np.bincount(pages % self.cp_size, minlength=self.cp_size)

@@ -29,6 +29,7 @@ def selected() -> bool:
     otherwise."""
     return os.environ.get("SGLANG_PLATFORM", "") == PLATFORM_NAME
 
+
 SGLANG_VERSION = "0.5.23"
 """The SGLang release cpkv's hooks are written against (the pin of tests/integration/sglang/requirements.txt)."""
 
@@ -49,17 +50,21 @@ def check_sglang_version(version: str | None = None) -> str:
     """
     version = installed_sglang_version() if version is None else version
     if version != SGLANG_VERSION:
-        raise ConfigError(f"SGLang {version} is installed but cpkv's SGLang plugin is pinned to {SGLANG_VERSION} "
-                          f"(its hooks name that release's functions): install sglang=={SGLANG_VERSION} or unset "
-                          "SGLANG_PLATFORM")  # fmt: skip
+        raise ConfigError(
+            f"SGLang {version} is installed but cpkv's SGLang plugin is pinned to {SGLANG_VERSION} "
+            f"(its hooks name that release's functions): install sglang=={SGLANG_VERSION} or unset "
+            "SGLANG_PLATFORM"
+        )
     return version
 
 
 def check_cp_size_matches(cp_size: int, attn_cp_size: object) -> None:
     """ConfigError unless SGLang's attention CP size equals cpkv's ``CPKV_CP_SIZE`` (``cp_size``)."""
     if attn_cp_size is not None and int(attn_cp_size) != cp_size:
-        raise ConfigError(f"CPKV_CP_SIZE={cp_size} but SGLang's attention CP size is attn_cp_size={attn_cp_size}: "
-                          "set CPKV_CP_SIZE to the --attn-cp-size SGLang runs")  # fmt: skip
+        raise ConfigError(
+            f"CPKV_CP_SIZE={cp_size} but SGLang's attention CP size is attn_cp_size={attn_cp_size}: "
+            "set CPKV_CP_SIZE to the --attn-cp-size SGLang runs"
+        )
 
 
 def check_server_args(server_args, cp_size: int) -> None:
@@ -72,14 +77,21 @@ def check_server_args(server_args, cp_size: int) -> None:
     """
     check_cp_size_matches(cp_size, getattr(server_args, "attn_cp_size", None))
     if getattr(server_args, "enable_kv_cache_sharding", False):
-        raise ConfigError("--enable-kv-cache-sharding (enable_kv_cache_sharding=True) is set with SGLANG_PLATFORM=cpkv: "
-                          "SGLang's own page sharding and cpkv's owner lanes cannot both own the KV layout; drop the flag")  # fmt: skip
+        raise ConfigError(
+            "--enable-kv-cache-sharding (enable_kv_cache_sharding=True) is set with SGLANG_PLATFORM=cpkv: "
+            "SGLang's own page sharding and cpkv's owner lanes cannot both own the KV layout; drop the flag"
+        )
     if cp_size > 1 and getattr(server_args, "enable_hisparse", False):
-        raise ConfigError(_not_served("--enable-hisparse (enable_hisparse=True)", cp_size, "HiSparse builds its own allocator"))
+        raise ConfigError(
+            _not_served(
+                "--enable-hisparse (enable_hisparse=True)", cp_size, "HiSparse builds its own allocator"
+            )
+        )
 
 
-def check_scheduler_allocator(allocator, cp_size: int, *, is_hybrid_swa: bool, enable_hisparse: bool,
-                              page_size: int) -> None:  # fmt: skip
+def check_scheduler_allocator(
+    allocator, cp_size: int, *, is_hybrid_swa: bool, enable_hisparse: bool, page_size: int
+) -> None:
     """At ``cp_size > 1`` the scheduler's allocator must be cpkv's (``OwnerLaneTokenToKVPoolAllocator``).
 
     Raises:
@@ -91,14 +103,31 @@ def check_scheduler_allocator(allocator, cp_size: int, *, is_hybrid_swa: bool, e
     if cp_size == 1 or isinstance(allocator, OwnerLaneTokenToKVPoolAllocator):
         return
     if is_hybrid_swa:
-        raise ConfigError(_not_served("a sliding-window (SWA) model (is_hybrid_swa=True)", cp_size,
-                                      "SGLang's SWA allocator keeps its own pages"))  # fmt: skip
+        raise ConfigError(
+            _not_served(
+                "a sliding-window (SWA) model (is_hybrid_swa=True)",
+                cp_size,
+                "SGLang's SWA allocator keeps its own pages",
+            )
+        )
     if enable_hisparse:
-        raise ConfigError(_not_served("--enable-hisparse (enable_hisparse=True)", cp_size, "HiSparse builds its own allocator"))
-    why = "page_size=1 takes SGLang's token allocator: use --page-size > 1" if page_size == 1 else "no platform hook"
-    raise ConfigError(_not_served(f"SGLang's {type(allocator).__name__} (page_size={page_size})", cp_size, why))
+        raise ConfigError(
+            _not_served(
+                "--enable-hisparse (enable_hisparse=True)", cp_size, "HiSparse builds its own allocator"
+            )
+        )
+    why = (
+        "page_size=1 takes SGLang's token allocator: use --page-size > 1"
+        if page_size == 1
+        else "no platform hook"
+    )
+    raise ConfigError(
+        _not_served(f"SGLang's {type(allocator).__name__} (page_size={page_size})", cp_size, why)
+    )
 
 
 def _not_served(what: str, cp_size: int, why: str) -> str:
-    return f"{what} at CPKV_CP_SIZE={cp_size}: cpkv's owner lanes serve full-attention paged pools only ({why}); " \
-           "run it without SGLANG_PLATFORM=cpkv"  # fmt: skip
+    return (
+        f"{what} at CPKV_CP_SIZE={cp_size}: cpkv's owner lanes serve full-attention paged pools only ({why}); "
+        "run it without SGLANG_PLATFORM=cpkv"
+    )

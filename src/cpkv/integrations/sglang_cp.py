@@ -203,9 +203,17 @@ def zigzag_metadata(plan: BatchPlan, rank: int, *, device: torch.device | str = 
     S = v.split.shape[1]
     base = np.arange(B, dtype=_I64) * S
     per_rank = v.per_rank.tolist()
-    cu = {name: [0, *accumulate(values)] for name, values in (
-        ("q_prev", q_prev), ("q_next", q_next), ("kv_prev", kv_prev), ("kv_next", kv_next),
-        ("q_comb", q_prev + q_next), ("kv_comb", kv_prev + kv_next))}  # fmt: skip
+    cu = {
+        name: [0, *accumulate(values)]
+        for name, values in (
+            ("q_prev", q_prev),
+            ("q_next", q_next),
+            ("kv_prev", kv_prev),
+            ("kv_next", kv_next),
+            ("q_comb", q_prev + q_next),
+            ("kv_comb", kv_prev + kv_next),
+        )
+    }
     t = _Int32Tensors(device)
     return ZigzagCPMetadata(
         total_seq_lens=int(v.split.sum()),
@@ -251,13 +259,19 @@ def nsa_metadata(plan: BatchPlan, rank: int, *, device: torch.device | str = "cp
     ``kv_len_prev 3``, ``kv_len_next 4``, ``actual_seq_q_prev 1``, ``actual_seq_q_next 1``.
     """
     if isinstance(plan, BatchPlan) and plan.num_requests != 1:
-        raise PlanError(f"SGLang 0.5.9's NSA CP metadata is for one request, the plan has {plan.num_requests}; "
-                        "use zigzag_metadata for a batch")  # fmt: skip
+        raise PlanError(
+            f"SGLang 0.5.9's NSA CP metadata is for one request, the plan has {plan.num_requests}; "
+            "use zigzag_metadata for a batch"
+        )
     v = _rank_view(plan, rank)
     per_rank = v.per_rank.tolist()
     prev, nxt = int(v.prev[0]), int(v.next[0])
-    scalars = dict(kv_len_prev=int(v.end_prev[0]), kv_len_next=int(v.end_next[0]),
-                   actual_seq_q_prev=int(v.q_prev[0]), actual_seq_q_next=int(v.q_next[0]))  # fmt: skip
+    scalars = dict(
+        kv_len_prev=int(v.end_prev[0]),
+        kv_len_next=int(v.end_next[0]),
+        actual_seq_q_prev=int(v.q_prev[0]),
+        actual_seq_q_next=int(v.q_next[0]),
+    )
     t = _Int32Tensors(device)
     return NSACPMetadata(
         split_list=v.split[0].tolist(),
@@ -279,9 +293,11 @@ def _rank_view(plan: BatchPlan, rank: int) -> _RankView:
     if not isinstance(plan, BatchPlan):
         raise PlanError(f"plan must be a BatchPlan, got {type(plan).__name__}")
     if plan.config.cp_strategy != ZIGZAG:  # its pages go round robin, not in 2C zigzag blocks
-        raise UnsupportedPagePlan(f"the plan's cp_strategy is {plan.config.cp_strategy!r}: zigzag_metadata and "
-                                  "nsa_metadata describe zigzag plans (C-ZIGZAG); an interleave plan's metadata is "
-                                  "sglang_cp_interleave.interleave_metadata (C-INTERLEAVE)")  # fmt: skip
+        raise UnsupportedPagePlan(
+            f"the plan's cp_strategy is {plan.config.cp_strategy!r}: zigzag_metadata and "
+            "nsa_metadata describe zigzag plans (C-ZIGZAG); an interleave plan's metadata is "
+            "sglang_cp_interleave.interleave_metadata (C-INTERLEAVE)"
+        )
     C = plan.config.cp_size
     rank = check_lane("rank", rank, C)
     split, owner = _blocks(plan)
@@ -294,13 +310,19 @@ def _rank_view(plan: BatchPlan, rank: int) -> _RankView:
     half = np.where(np.arange(S) < C, 0, B)  # [S]: a block's chunk is its rank's i-th prev or (B+i)-th next
     prev, nxt = prev_of[:, rank], next_of[:, rank]
     return _RankView(
-        split=split, prev=prev, next=nxt, q_prev=split[rows, prev], q_next=split[rows, nxt],
-        end_prev=ends[rows, prev], end_next=ends[rows, nxt],
+        split=split,
+        prev=prev,
+        next=nxt,
+        q_prev=split[rows, prev],
+        q_next=split[rows, nxt],
+        end_prev=ends[rows, prev],
+        end_next=ends[rows, nxt],
         cp_reverse_index=(owner * 2 * B + half[None, :] + rows[:, None]).ravel(),
         reverse_split_len=np.concatenate([prev_tokens.T, next_tokens.T], axis=1).ravel(),
         per_rank=prev_tokens.sum(axis=0) + next_tokens.sum(axis=0),
-        prefix_lens=plan.prefix_lens, phases=plan.request_phases,
-    )  # fmt: skip
+        prefix_lens=plan.prefix_lens,
+        phases=plan.request_phases,
+    )
 
 
 def _blocks(plan: BatchPlan) -> tuple[np.ndarray, np.ndarray]:
@@ -325,8 +347,10 @@ def _blocks(plan: BatchPlan) -> tuple[np.ndarray, np.ndarray]:
     big = np.flatnonzero(plan.prefix_lens + plan.extend_lens > _INT32_MAX)
     if big.size:
         i = int(big[0])
-        raise PlanError(f"request {i}: prefix_len + extend_len = {int(plan.prefix_lens[i] + plan.extend_lens[i])} "
-                        f"is above SGLang's int32 lengths ({_INT32_MAX})")  # fmt: skip
+        raise PlanError(
+            f"request {i}: prefix_len + extend_len = {int(plan.prefix_lens[i] + plan.extend_lens[i])} "
+            f"is above SGLang's int32 lengths ({_INT32_MAX})"
+        )
     runs = plan.token_runs
     seg = np.arange(runs.req.shape[0], dtype=_I64) - np.searchsorted(runs.req, runs.req)  # [R] run's segment
     s = np.arange(S, dtype=_I64)
@@ -338,8 +362,10 @@ def _blocks(plan: BatchPlan) -> tuple[np.ndarray, np.ndarray]:
     ok = (np.sort(first, axis=1) == s[None, :C]).all(axis=1) & (owner[:, C:] == first[:, ::-1]).all(axis=1)
     if not ok.all():
         i = int(np.flatnonzero(~ok)[0])
-        raise UnsupportedPagePlan(f"request {i}: block owners {owner[i].tolist()} do not give every rank one block "
-                                  "of each half, mirrored (block 2C-1-s on the rank of block s)")  # fmt: skip
+        raise UnsupportedPagePlan(
+            f"request {i}: block owners {owner[i].tolist()} do not give every rank one block "
+            "of each half, mirrored (block 2C-1-s on the rank of block s)"
+        )
     return tokens, owner
 
 

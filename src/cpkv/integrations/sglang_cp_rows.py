@@ -39,7 +39,9 @@ def rerange_index(meta) -> np.ndarray:
     """
     C = len(meta.max_rank_len)
     chunks = np.asarray(meta.reverse_split_len, dtype=_I64).reshape(C, -1)  # [C, 2B] each rank's blocks
-    chunk_start = np.cumsum(chunks, axis=1) - chunks + meta.max_rank_len[0] * np.arange(C, dtype=_I64)[:, None]
+    chunk_start = (
+        np.cumsum(chunks, axis=1) - chunks + meta.max_rank_len[0] * np.arange(C, dtype=_I64)[:, None]
+    )
     order = np.asarray(meta.cp_reverse_index, dtype=_I64)
     return _expand(chunk_start.ravel()[order], np.asarray(meta.split_list, dtype=_I64))
 
@@ -65,8 +67,10 @@ def gather_rerange(gathered: torch.Tensor, meta) -> torch.Tensor:
     """
     C, M = len(meta.max_rank_len), meta.max_rank_len[0]
     if gathered.dim() < 1 or gathered.shape[0] != C * M:
-        raise PlanError(f"gathered must have cp_size * max_rank_len = {C} * {M} = {C * M} rows, "
-                        f"got shape {list(gathered.shape)}")  # fmt: skip
+        raise PlanError(
+            f"gathered must have cp_size * max_rank_len = {C} * {M} = {C * M} rows, "
+            f"got shape {list(gathered.shape)}"
+        )
     return gathered.index_select(0, _on(rerange_index(meta), gathered.device))
 
 

@@ -85,9 +85,11 @@ def check_plan_is_batch(plan, forward_batch) -> None:
     extend = _ints(forward_batch.extend_seq_lens_cpu)
     prefix = _ints(forward_batch.seq_lens_cpu) - extend
     if not (np.array_equal(extend, plan.extend_lens) and np.array_equal(prefix, plan.prefix_lens)):
-        raise ConfigError(f"cpkv CP prefill: the allocator's last plan (prefix_lens {plan.prefix_lens.tolist()}, "
-                          f"extend_lens {plan.extend_lens.tolist()}) is not this forward's batch (prefix_lens "
-                          f"{prefix.tolist()}, extend_lens {extend.tolist()})")  # fmt: skip
+        raise ConfigError(
+            f"cpkv CP prefill: the allocator's last plan (prefix_lens {plan.prefix_lens.tolist()}, "
+            f"extend_lens {plan.extend_lens.tolist()}) is not this forward's batch (prefix_lens "
+            f"{prefix.tolist()}, extend_lens {extend.tolist()})"
+        )
     C, P, N = plan.config.cp_size, plan.config.page_size, int(extend.sum())
     loc = _ints(forward_batch.out_cache_loc[:N].cpu())
     if loc.shape[0] != N:
@@ -96,8 +98,10 @@ def check_plan_is_batch(plan, forward_batch) -> None:
     off = np.flatnonzero(lanes != plan.token_owner)
     if off.size:
         t = int(off[0])
-        raise ConfigError(f"cpkv CP prefill: out_cache_loc does not match the allocator's last plan (token {t} of "
-                          f"{N}: slot on lane {lanes[t]}, plan's owner {plan.token_owner[t]})")  # fmt: skip
+        raise ConfigError(
+            f"cpkv CP prefill: out_cache_loc does not match the allocator's last plan (token {t} of "
+            f"{N}: slot on lane {lanes[t]}, plan's owner {plan.token_owner[t]})"
+        )
 
 
 def cp_metadata(forward_batch, allocator, rank: int):
@@ -145,12 +149,16 @@ def prepare_cp_metadata(original, forward_batch, *args, **kwargs):
 
     strategy = get_cp_strategy()
     if not isinstance(strategy, ZigzagCPStrategy):
-        raise ConfigError(f"cpkv CP prefill: SGLang's cp_strategy is {getattr(strategy, 'name', strategy)!r}; "
-                          "cpkv's plans are zigzag (--cp-strategy zigzag)")  # fmt: skip
+        raise ConfigError(
+            f"cpkv CP prefill: SGLang's cp_strategy is {getattr(strategy, 'name', strategy)!r}; "
+            "cpkv's plans are zigzag (--cp-strategy zigzag)"
+        )
     allocator = batch_allocator()
     if allocator is None:
-        raise ConfigError("cpkv CP prefill: this forward's KV pool has no cpkv allocator (owner_lane_allocator), "
-                          "so its split cannot follow cpkv's owners")  # fmt: skip
+        raise ConfigError(
+            "cpkv CP prefill: this forward's KV pool has no cpkv allocator (owner_lane_allocator), "
+            "so its split cannot follow cpkv's owners"
+        )
     forward_batch.attn_cp_metadata = cp_metadata(forward_batch, allocator, int(get_parallel().attn_cp_rank))
     pad_logical_token_to_physical(forward_batch.attn_cp_metadata)
     return original(forward_batch, *args, **kwargs)
@@ -180,5 +188,14 @@ def hooks() -> list[tuple[str, object, str]]:
     return [(TARGET, prepare_cp_metadata, "AROUND"), (CHUNK_TARGET, page_aligned_chunk, "AROUND")]
 
 
-__all__ = ["CHUNK_TARGET", "POOL_ATTRIBUTE", "TARGET", "batch_allocator", "check_plan_is_batch", "cp_metadata",
-           "hooks", "page_aligned_chunk", "prepare_cp_metadata"]  # fmt: skip
+__all__ = [
+    "CHUNK_TARGET",
+    "POOL_ATTRIBUTE",
+    "TARGET",
+    "batch_allocator",
+    "check_plan_is_batch",
+    "cp_metadata",
+    "hooks",
+    "page_aligned_chunk",
+    "prepare_cp_metadata",
+]

@@ -57,7 +57,9 @@ def install_plugins() -> None:
 
     load_plugins()
     target, hook, _ = sglang_hooks.hooks()[1]
-    if not sglang_hooks.hook_applied(target, hook):  # entry point not found (a stale src/cpkv.egg-info ahead on
+    if not sglang_hooks.hook_applied(
+        target, hook
+    ):  # entry point not found (a stale src/cpkv.egg-info ahead on
         # sys.path under PYTHONPATH=src hides the installed one): register it as the entry point would
         sglang_hooks.register()
     if not sglang_hooks.hook_applied(sglang_hicache.HOOK_TARGETS[1], sglang_hicache.load_on_recorded_lanes):
@@ -79,21 +81,37 @@ class EngineLoop:
         self.cfg, C, P = cfg, cfg.cp_size, cfg.page_size
         self.stats = LoopStats()
         size = cfg.rank_pages * P
-        args = dict(model_path="dummy", page_size=P, enable_hierarchical_cache=True, hicache_io_backend="direct",
-                    hicache_mem_layout="layer_first", hicache_write_policy="write_back", hicache_ratio=cfg.host_ratio)  # fmt: skip
+        args = dict(
+            model_path="dummy",
+            page_size=P,
+            enable_hierarchical_cache=True,
+            hicache_io_backend="direct",
+            hicache_mem_layout="layer_first",
+            hicache_write_policy="write_back",
+            hicache_ratio=cfg.host_ratio,
+        )
         if cfg.allocator == "sglang":  # its host pool is one rank's rows: the group holds C times as many
             args["hicache_ratio"] = cfg.host_ratio / C
         if cfg.storage_dir is not None:
             os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = cfg.storage_dir
             args["hicache_storage_backend"] = "file"
-            args["hicache_storage_backend_extra_config"] = f'{{"prefetch_threshold": {P}}}'  # default 256 tokens
+            args["hicache_storage_backend_extra_config"] = (
+                f'{{"prefetch_threshold": {P}}}'  # default 256 tokens
+            )
             args["hicache_storage_prefetch_policy"] = "wait_complete"  # a step waits for its L3 reads
             args["hicache_write_policy"] = "write_through"  # L3 holds whole prefixes from the root
         self.server_args = ServerArgs(**args)
         set_global_server_args_for_scheduler(self.server_args)
         # The group view: every rank's rows at their group slots (what one process's HiCache copies).
-        pool_kw = dict(page_size=P, dtype=torch.float32, head_num=1, head_dim=HEAD_DIM, layer_num=1, device="cpu",
-                       enable_memory_saver=False)  # fmt: skip
+        pool_kw = dict(
+            page_size=P,
+            dtype=torch.float32,
+            head_num=1,
+            head_dim=HEAD_DIM,
+            layer_num=1,
+            device="cpu",
+            enable_memory_saver=False,
+        )
         self.kv = MHATokenToKVPool(size=C * (cfg.rank_pages + 1) * P - P, **pool_kw)
         self.rank_pools = []
         if cfg.allocator == "cpkv":
@@ -103,7 +121,9 @@ class EngineLoop:
             os.environ.update(CPKV_CP_SIZE=str(C), CPKV_OWNER_POLICY=cfg.owner_policy)
             cls = OwnerLaneCpuPlatform().get_paged_allocator_cls()  # the class SGLang's configurator builds
             self.alloc = cls(size, P, torch.float32, "cpu", self.kv, False)
-            self.rank_pools = [OwnerLaneMHATokenToKVPool(size=size, cp_size=C, cp_rank=r, **pool_kw) for r in range(C)]
+            self.rank_pools = [
+                OwnerLaneMHATokenToKVPool(size=size, cp_size=C, cp_rank=r, **pool_kw) for r in range(C)
+            ]
         else:
             from sglang.srt.mem_cache.allocator.page_interleave import PageInterleavePoolAllocator
             from sglang.srt.mem_cache.page_interleave import PageInterleavePlacement, PageShardSpec
@@ -112,13 +132,20 @@ class EngineLoop:
             # HiCache wraps its host pool in PageInterleaveHostPool (owner-classed host slots) for a pool
             # that carries SGLang's placement; the NCCL gather state is not built (no forward here).
             self.kv = type("PeerKVPool", (PageInterleaveKVPoolMixin, MHATokenToKVPool), {})(
-                size=C * (cfg.rank_pages + 1) * P - P, **pool_kw)  # fmt: skip
+                size=C * (cfg.rank_pages + 1) * P - P, **pool_kw
+            )
             self.kv.placement = PageInterleavePlacement(PageShardSpec(0, C, P, C * P, P))
             self.alloc = PageInterleavePoolAllocator(size, P, C, torch.float32, "cpu", self.kv, False)
-        self.req_pool = ReqToTokenPool(size=cfg.max_requests, max_context_len=1 << 14, device="cpu",
-                                       enable_memory_saver=False)  # fmt: skip
-        params = CacheInitParams(disable=False, req_to_token_pool=self.req_pool, token_to_kv_pool_allocator=self.alloc,
-                                 page_size=P, tree_components=(ComponentType.FULL,))  # fmt: skip
+        self.req_pool = ReqToTokenPool(
+            size=cfg.max_requests, max_context_len=1 << 14, device="cpu", enable_memory_saver=False
+        )
+        params = CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.req_pool,
+            token_to_kv_pool_allocator=self.alloc,
+            page_size=P,
+            tree_components=(ComponentType.FULL,),
+        )
         self.tree = UnifiedRadixCache(params=params)
         if cfg.storage_dir is None:
             self.tree.init_hicache(self.server_args, params)
@@ -135,17 +162,35 @@ class EngineLoop:
         self.model_config = SimpleNamespace(vocab_size=1 << 31, is_encoder_decoder=False)
         widening = C  # the scheduler's kv_shard_widening: C for both (cpkv's scheduler hook, SGLang's own)
         self.observer = SchedulerPoolStatsObserver(
-            tree_cache=self.tree, token_to_kv_pool_allocator=self.alloc, req_to_token_pool=self.req_pool,
-            session_controller=SimpleNamespace(sessions={}), hisparse_coordinator=None, is_hybrid_swa=False,
-            is_hybrid_ssm=False, enable_hisparse=False, full_tokens_per_layer=None, swa_tokens_per_layer=None,
-            max_total_num_tokens=size * widening)  # fmt: skip
+            tree_cache=self.tree,
+            token_to_kv_pool_allocator=self.alloc,
+            req_to_token_pool=self.req_pool,
+            session_controller=SimpleNamespace(sessions={}),
+            hisparse_coordinator=None,
+            is_hybrid_swa=False,
+            is_hybrid_ssm=False,
+            enable_hisparse=False,
+            full_tokens_per_layer=None,
+            swa_tokens_per_layer=None,
+            max_total_num_tokens=size * widening,
+        )
         self.last_batch = None
         self.checker = SchedulerInvariantChecker(
-            is_hybrid_swa=False, is_hybrid_ssm=False, disaggregation_mode=None, page_size=P,
-            full_tokens_per_layer=None, swa_tokens_per_layer=None, max_total_num_tokens=size * widening,
-            tree_cache=self.tree, token_to_kv_pool_allocator=self.alloc, req_to_token_pool=self.req_pool,
-            pool_stats_observer=self.observer, get_last_batch=lambda: self.last_batch,
-            get_running_batch=lambda: None, scheduler_stage_metrics=None)  # fmt: skip
+            is_hybrid_swa=False,
+            is_hybrid_ssm=False,
+            disaggregation_mode=None,
+            page_size=P,
+            full_tokens_per_layer=None,
+            swa_tokens_per_layer=None,
+            max_total_num_tokens=size * widening,
+            tree_cache=self.tree,
+            token_to_kv_pool_allocator=self.alloc,
+            req_to_token_pool=self.req_pool,
+            pool_stats_observer=self.observer,
+            get_last_batch=lambda: self.last_batch,
+            get_running_batch=lambda: None,
+            scheduler_stage_metrics=None,
+        )
         self.waiting: list[Req] = []
         self._prefetched: set[str] = set()
 
@@ -173,7 +218,9 @@ class EngineLoop:
             got = ((out[::P] // P) % C).tolist()
             self.stats.load_back_pages += len(pages)
             if self.cfg.storage_dir is None:  # with L3, a host page can be filled from storage, not by write
-                self.stats.load_back_off_lane_pages += sum(lanes.get(h // P, g) != g for h, g in zip(pages, got, strict=True))
+                self.stats.load_back_off_lane_pages += sum(
+                    lanes.get(h // P, g) != g for h, g in zip(pages, got, strict=True)
+                )
             return out
 
         controller.write, controller.load = watched_write, watched_load
@@ -188,24 +235,37 @@ class EngineLoop:
         self.stats.prompt_tokens += len(tokens)
         if self.cfg.storage_dir is not None:
             req.init_next_round_input(self.tree, cow_mamba=False)
-            matched, node, ids = req.prefix_len + req.host_hit_length, req.last_host_node, req.full_untruncated_fill_ids
+            matched, node, ids = (
+                req.prefix_len + req.host_hit_length,
+                req.last_host_node,
+                req.full_untruncated_fill_ids,
+            )
             if self.tree.is_backuped(node) or self.tree.is_root(node):  # Scheduler._prefetch_kvcache's call
-                self.tree.prefetch_from_storage(req.cache_request_handle, node, ids[matched:],
-                                                self.tree.get_last_hash_value(node), None,
-                                                matched_prefix_tokens=ids[:matched])  # fmt: skip
+                self.tree.prefetch_from_storage(
+                    req.cache_request_handle,
+                    node,
+                    ids[matched:],
+                    self.tree.get_last_hash_value(node),
+                    None,
+                    matched_prefix_tokens=ids[:matched],
+                )
         self.waiting.append(req)
 
     def step(self) -> int:
         """One prefill step: admit from the queue, allocate, write the K/V rows, cache the finished requests,
         run the checks. Returns the requests run."""
         cfg = self.cfg
-        adder = PrefillAdder(cfg.page_size, self.tree, self.alloc, ScheduleBatch(reqs=[]), 0.5,
-                             cfg.max_prefill_tokens, None)  # fmt: skip
+        adder = PrefillAdder(
+            cfg.page_size, self.tree, self.alloc, ScheduleBatch(reqs=[]), 0.5, cfg.max_prefill_tokens, None
+        )
         for req in self.waiting:
             if cfg.storage_dir is not None and req.rid not in self._prefetched:
                 self._await_prefetch(req)  # synchronous: the same L3 hits at every run
             req.init_next_round_input(self.tree)
-            if adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None) != AddReqResult.CONTINUE:
+            if (
+                adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+                != AddReqResult.CONTINUE
+            ):
                 break
         run = adder.can_run_list
         if not run:
@@ -213,8 +273,9 @@ class EngineLoop:
             return 0
         chosen = {id(r) for r in run}
         self.waiting = [r for r in self.waiting if id(r) not in chosen]
-        batch = ScheduleBatch.init_new(run, self.req_pool, self.alloc, self.tree, self.model_config, False,
-                                       SpeculativeAlgorithm.NONE)  # fmt: skip
+        batch = ScheduleBatch.init_new(
+            run, self.req_pool, self.alloc, self.tree, self.model_config, False, SpeculativeAlgorithm.NONE
+        )
         batch.hicache_consumer_index = self.tree.ready_to_load_host_cache()
         batch.prepare_for_extend()
         self.last_batch = batch
@@ -231,7 +292,10 @@ class EngineLoop:
         self.last_batch = None
         self.tree.check_hicache_events()
         if cfg.storage_dir is not None:  # every L3 backup of the step written before the next: deterministic
-            self._wait(lambda: (self.tree.drain_storage_control_queues(), not self.tree.ongoing_backup)[1], "L3 backup")
+            self._wait(
+                lambda: (self.tree.drain_storage_control_queues(), not self.tree.ongoing_backup)[1],
+                "L3 backup",
+            )
         self.stats.steps += 1
         self.checks()
         return len(run)
@@ -239,8 +303,11 @@ class EngineLoop:
     def _await_prefetch(self, req, timeout_s: float = 60.0) -> None:
         """Drive HiCache's events until the request's L3 prefetch is done, then take its loaded span."""
         handle = req.cache_request_handle
-        self._wait(lambda: (self.tree.check_hicache_events(), self.tree.check_prefetch_progress(handle))[1],
-                   f"request {req.rid}'s L3 prefetch", timeout_s)  # fmt: skip
+        self._wait(
+            lambda: (self.tree.check_hicache_events(), self.tree.check_prefetch_progress(handle))[1],
+            f"request {req.rid}'s L3 prefetch",
+            timeout_s,
+        )
         loaded, start = self.tree.pop_prefetch_loaded_span(req.cache_request_handle)
         if loaded > 0:
             req.storage_hit_length, req.storage_hit_start, req.host_hit_is_storage = loaded, start, False
@@ -268,7 +335,10 @@ class EngineLoop:
     def _forward(self, batch) -> None:
         """The model forward, replaced: each extend token's known K/V rows at its ``out_cache_loc`` slot, through
         cpkv's KV-row path on the C ranks' own pools (cpkv) and into the group view HiCache copies."""
-        toks = [torch.tensor(r.origin_input_ids[r.prefix_len : r.extend_end], dtype=torch.int64) for r in batch.reqs]
+        toks = [
+            torch.tensor(r.origin_input_ids[r.prefix_len : r.extend_end], dtype=torch.int64)
+            for r in batch.reqs
+        ]
         pos = [torch.arange(r.prefix_len, r.extend_end, dtype=torch.int64) for r in batch.reqs]
         loc = batch.out_cache_loc
         C, P = self.cfg.cp_size, self.cfg.page_size
@@ -290,8 +360,10 @@ class EngineLoop:
         C, P = self.cfg.cp_size, self.cfg.page_size
         local = (loc // (C * P)) * P + loc % P
         if loc.numel() and (int(loc.min()) < C * P or int(local.max()) >= (self.cfg.rank_pages + 1) * P):
-            raise LoopCheckError(f"step {self.stats.steps}: a slot outside the ranks' buffers "
-                                 f"(min {int(loc.min())}, largest local row {int(local.max())})")  # fmt: skip
+            raise LoopCheckError(
+                f"step {self.stats.steps}: a slot outside the ranks' buffers "
+                f"(min {int(loc.min())}, largest local row {int(local.max())})"
+            )
 
     def _check_pool(self, busy: bool) -> None:
         """SGLang's invariant checker: the full pool's conservation (with the rows the batch holds when busy),
@@ -313,7 +385,9 @@ class EngineLoop:
         self._check_pool(busy=False)
         P, C = self.cfg.page_size, self.cfg.cp_size
         slots, tokens, positions = self._device_tree_rows()
-        if slots.numel():  # the peer's HiCache moves rank 0's own rows only (one process): rows checked for cpkv
+        if (
+            slots.numel()
+        ):  # the peer's HiCache moves rank 0's own rows only (one process): rows checked for cpkv
             self._check_rows(slots)
         if slots.numel() and self.rank_pools:
             k, v = kv_rows(tokens, positions, (slots // P) % C)
@@ -321,10 +395,15 @@ class EngineLoop:
             bad = ((got_k != k) | (got_v != v)).any(dim=2).any(dim=1).nonzero().reshape(-1)
             if bad.numel():
                 i = int(bad[0])
-                why = (f"holds rows computed on lane {int(got_v[i, 0, 3])}" if torch.equal(got_k[i], k[i])
-                       else "does not hold its token's K/V rows")  # fmt: skip
-                raise LoopCheckError(f"step {self.stats.steps}: cached slot {int(slots[i])} (lane "
-                                     f"{int(slots[i]) // P % C}, position {int(positions[i])}) {why}")  # fmt: skip
+                why = (
+                    f"holds rows computed on lane {int(got_v[i, 0, 3])}"
+                    if torch.equal(got_k[i], k[i])
+                    else "does not hold its token's K/V rows"
+                )
+                raise LoopCheckError(
+                    f"step {self.stats.steps}: cached slot {int(slots[i])} (lane "
+                    f"{int(slots[i]) // P % C}, position {int(positions[i])}) {why}"
+                )
             self.stats.checked_pages += slots.numel() // P
         free = self.alloc.get_all_free_pages()
         held = self.cfg.rank_pages - np.bincount((free.numpy() % C), minlength=C)
@@ -355,4 +434,12 @@ class _Finished:  # a finished reason for a prefill-only request (Req.finished()
     pass
 
 
-__all__ = ["EngineLoop", "LoopCheckError", "LoopConfig", "LoopStats", "install_plugins", "kv_rows", "scaled_prompts"]
+__all__ = [
+    "EngineLoop",
+    "LoopCheckError",
+    "LoopConfig",
+    "LoopStats",
+    "install_plugins",
+    "kv_rows",
+    "scaled_prompts",
+]

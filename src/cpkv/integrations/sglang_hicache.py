@@ -50,7 +50,12 @@ HOOK_TARGETS = (
 )
 """The dotted paths ``register`` hooks, in order."""
 
-COUNTERS = ("load_back_pages", "load_back_owner_lane_capacity_failed", "load_back_failed_pages", "l3_pages_read")
+COUNTERS = (
+    "load_back_pages",
+    "load_back_owner_lane_capacity_failed",
+    "load_back_failed_pages",
+    "l3_pages_read",
+)
 
 
 def lane_key(key: str, lane: int) -> str:
@@ -78,7 +83,9 @@ class HostLanes:
         rows = np.asarray(torch.as_tensor(host_indices).cpu(), dtype=np.int64).reshape(-1)
         P = self.page_size
         if rows.size % P or (rows.size and (rows[::P] % P).any()):
-            raise AllocatorError(f"host rows are not whole pages of page_size={P}: {rows[: 2 * P].tolist()} ...")
+            raise AllocatorError(
+                f"host rows are not whole pages of page_size={P}: {rows[: 2 * P].tolist()} ..."
+            )
         return rows[::P] // P
 
     def record(self, host_indices, lanes) -> None:
@@ -180,7 +187,10 @@ def _make_room(alloc, tree, owners: np.ndarray) -> bool:
         if alloc.aggregate_free_size() > alloc.page_size * alloc.lanes.total_free_pages:  # pages staged
             alloc.merge_and_sort_free()
             continue
-        if tree is None or tree.evict(EvictParams(num_tokens=int(short.max()) * alloc.page_size)).num_tokens_evicted == 0:
+        if (
+            tree is None
+            or tree.evict(EvictParams(num_tokens=int(short.max()) * alloc.page_size)).num_tokens_evicted == 0
+        ):
             return False
 
 
@@ -232,8 +242,14 @@ class LaneProbingStorage:
     def batch_exists(self, keys, extra_info=None) -> int:
         """Consecutive pages from the start stored under some lane's key (the backend's contract)."""
         for i, key in enumerate(keys):
-            lane = next((r for r in range(self._record.cp_size)
-                         if self._inner.batch_exists([lane_key(key, r)], extra_info) == 1), None)  # fmt: skip
+            lane = next(
+                (
+                    r
+                    for r in range(self._record.cp_size)
+                    if self._inner.batch_exists([lane_key(key, r)], extra_info) == 1
+                ),
+                None,
+            )
             if lane is None:
                 return i
             self._record.l3_lanes[key] = lane
@@ -245,7 +261,9 @@ def _set_with_lanes(page_set, record: HostLanes):
 
     def set_pages(hash_values, host_indices, extra_info=None):
         lanes = record.owners(host_indices)
-        return page_set([lane_key(k, r) for k, r in zip(hash_values, lanes, strict=True)], host_indices, extra_info)
+        return page_set(
+            [lane_key(k, r) for k, r in zip(hash_values, lanes, strict=True)], host_indices, extra_info
+        )
 
     return set_pages
 
@@ -259,8 +277,12 @@ def _get_with_lanes(page_get, record: HostLanes):
         if n == 0:
             return 0
         P = record.page_size
-        hits = page_get(operation, [lane_key(k, r) for k, r in zip(hash_values[:n], lanes[:n], strict=True)],
-                        host_indices[: n * P], extra_info)  # fmt: skip
+        hits = page_get(
+            operation,
+            [lane_key(k, r) for k, r in zip(hash_values[:n], lanes[:n], strict=True)],
+            host_indices[: n * P],
+            extra_info,
+        )
         if hits:
             record.record(host_indices[: hits * P], lanes[:hits])
             record.counts["l3_pages_read"] += int(hits)

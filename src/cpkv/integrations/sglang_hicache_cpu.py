@@ -27,7 +27,9 @@ def transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, page_si
         dst[dst_indices.to(dst.device)] = src[src_indices.to(src.device)].to(dst.dtype)
 
 
-def transfer_kv_per_layer_direct_pf_lf(src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size) -> None:
+def transfer_kv_per_layer_direct_pf_lf(
+    src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size
+) -> None:
     """Host page-first (``[pages, layers, page_size, ...]`` per buffer) to device layer ``layer_id`` rows."""
     host = src_indices.cpu()
     for src, dst in zip(src_ptrs, dst_ptrs, strict=True):

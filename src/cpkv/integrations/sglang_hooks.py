@@ -51,7 +51,8 @@ __all__ = ["PLATFORM_NAME", "SGLangStartError", "hook_applied", "hooks", "regist
 _S = "sglang.srt."
 TARGETS = {
     "widen_scheduler": _S + "managers.scheduler.Scheduler.init_running_status",
-    "check_full_pool": _S + "managers.scheduler_components.invariant_checker.SchedulerInvariantChecker._check_full_pool",
+    "check_full_pool": _S
+    + "managers.scheduler_components.invariant_checker.SchedulerInvariantChecker._check_full_pool",
     "prefill_adder_overhead": _S + "managers.schedule_policy.PrefillAdder.__init__",
     "pd_shard_by_cp_rank": _S + "disaggregation.common.conn.CommonKVManager.__init__",
     "pd_every_cp_rank_sends": _S + "disaggregation.common.conn.CommonKVManager.__init__",
@@ -95,9 +96,13 @@ def widen_scheduler(self, *args, **kwargs) -> None:
     cp_size = _group_cp_size()
     check_cp_size_matches(cp_size, get_parallel().attn_cp_size)
     allocator = self.token_to_kv_pool_allocator
-    check_scheduler_allocator(allocator, cp_size, is_hybrid_swa=bool(self.is_hybrid_swa),
-                              enable_hisparse=bool(getattr(self, "enable_hisparse", False)),
-                              page_size=int(self.page_size))  # fmt: skip
+    check_scheduler_allocator(
+        allocator,
+        cp_size,
+        is_hybrid_swa=bool(self.is_hybrid_swa),
+        enable_hisparse=bool(getattr(self, "enable_hisparse", False)),
+        page_size=int(self.page_size),
+    )
     if _cpkv_allocator(allocator) is not None:
         self.kv_shard_widening = allocator.cp_size
 
@@ -170,8 +175,10 @@ def pd_every_cp_rank_sends(result, self, *args, **kwargs) -> None:
         return
     if _is_prefill(args, kwargs) and self.kv_shard_size > 1:
         if not self.enable_all_cp_ranks_for_transfer or getattr(self, "is_dummy_cp_rank", False):
-            raise ConfigError(f"PD prefill CP rank {self.kv_shard_rank} of {self.kv_shard_size} is not a KV sender "
-                              "(--enable-cp-tp-group-sharing?): cpkv's pages live on every CP rank")  # fmt: skip
+            raise ConfigError(
+                f"PD prefill CP rank {self.kv_shard_rank} of {self.kv_shard_size} is not a KV sender "
+                "(--enable-cp-tp-group-sharing?): cpkv's pages live on every CP rank"
+            )
 
 
 # --------------------------------------------------------------------------------------- registration
@@ -179,8 +186,13 @@ def hooks() -> list[tuple[str, object, str]]:
     """``(target, hook, kind)`` for each hook, ``kind`` a ``HookType`` name: the ones above, then
     ``sglang_cp_split``'s (the CP prefill's split from cpkv's plan) and ``sglang_hicache``'s (HiCache
     write-back/load-back and L3 keys on the recorded owner lanes)."""
-    kinds = {"widen_scheduler": "BEFORE", "check_full_pool": "AROUND", "prefill_adder_overhead": "AFTER",
-             "pd_shard_by_cp_rank": "BEFORE", "pd_every_cp_rank_sends": "AFTER"}  # fmt: skip
+    kinds = {
+        "widen_scheduler": "BEFORE",
+        "check_full_pool": "AROUND",
+        "prefill_adder_overhead": "AFTER",
+        "pd_shard_by_cp_rank": "BEFORE",
+        "pd_every_cp_rank_sends": "AFTER",
+    }
     from .sglang_cp_split import hooks as cp_split_hooks
     from .sglang_hicache import hooks as hicache_hooks
 
@@ -197,7 +209,9 @@ def hook_applied(target: str, hook) -> bool:
     except (ImportError, AttributeError, ValueError):
         return False
     while fn is not None:
-        if any(getattr(cell, "cell_contents", None) is hook for cell in getattr(fn, "__closure__", None) or ()):
+        if any(
+            getattr(cell, "cell_contents", None) is hook for cell in getattr(fn, "__closure__", None) or ()
+        ):
             return True
         fn = getattr(fn, "__wrapped__", None)
     return False
@@ -230,5 +244,7 @@ def register() -> None:
     _registered = True
     missing = sorted({target for target, hook, _ in hooks() if not hook_applied(target, hook)})
     if missing:
-        raise SGLangStartError(f"cpkv: SGLang {version} hook did not apply: {', '.join(missing)} "
-                               "(see SGLang's 'Failed to apply hooks' log above); the start stops")  # fmt: skip
+        raise SGLangStartError(
+            f"cpkv: SGLang {version} hook did not apply: {', '.join(missing)} "
+            "(see SGLang's 'Failed to apply hooks' log above); the start stops"
+        )

@@ -122,15 +122,19 @@ class OwnerLaneKVPoolMixin:
 
     def _refuse(self, what: str) -> None:
         if self.cp_size > 1:
-            raise ConfigError(f"{what} moves KV rows by group slot, which cpkv's owner lanes do not serve at "
-                              f"cp_size={self.cp_size}: a slot's rows live only on its owner rank")  # fmt: skip
+            raise ConfigError(
+                f"{what} moves KV rows by group slot, which cpkv's owner lanes do not serve at "
+                f"cp_size={self.cp_size}: a slot's rows live only on its owner rank"
+            )
 
     def _owned(self, loc: torch.Tensor, *rows: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """This rank's buffer rows and the matching rows of each tensor (``[len(loc), ...]``)."""
         for t in rows:
             if t.shape[0] != loc.numel():
-                raise LayoutError(f"{t.shape[0]} K/V rows for {loc.numel()} slots of out_cache_loc: "
-                                  "pass one row per slot (the whole batch, or this rank's tokens)")  # fmt: skip
+                raise LayoutError(
+                    f"{t.shape[0]} K/V rows for {loc.numel()} slots of out_cache_loc: "
+                    "pass one row per slot (the whole batch, or this rank's tokens)"
+                )
         index, local = self.owned_rows(loc)
         return local, [t.index_select(0, index.to(t.device)) for t in rows]
 
@@ -138,8 +142,17 @@ class OwnerLaneKVPoolMixin:
 class OwnerLaneMHATokenToKVPool(OwnerLaneKVPoolMixin, MHATokenToKVPool):
     """SGLang's MHA/GQA pool; each rank stores the K and V rows of its own lane (class docstring above)."""
 
-    def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None,
-                      layer_id_override=None, dcp_kv_mask=None):  # fmt: skip
+    def set_kv_buffer(
+        self,
+        layer,
+        loc_info,
+        cache_k,
+        cache_v,
+        k_scale=None,
+        v_scale=None,
+        layer_id_override=None,
+        dcp_kv_mask=None,
+    ):
         """SGLang's write door: ``cache_k`` ``[n, H, D]`` and ``cache_v`` ``[n, H, Dv]`` for the ``n`` slots of
         ``loc_info`` (an ``out_cache_loc`` tensor or ``KVWriteLoc``); rows off this rank's lane are skipped.
 
@@ -147,8 +160,10 @@ class OwnerLaneMHATokenToKVPool(OwnerLaneKVPoolMixin, MHATokenToKVPool):
         DCP mask (decode CP is not an owner-lane layout).
         """
         if dcp_kv_mask is not None:
-            raise ConfigError("dcp_kv_mask is set: decode context parallelism (--dcp-size) does not combine "
-                              "with cpkv's owner lanes")  # fmt: skip
+            raise ConfigError(
+                "dcp_kv_mask is set: decode context parallelism (--dcp-size) does not combine "
+                "with cpkv's owner lanes"
+            )
         loc, _, _ = unwrap_write_loc(loc_info)
         rows, (k, v) = self._owned(loc, cache_k, cache_v)
         if rows.numel():
@@ -185,12 +200,21 @@ class OwnerLaneDSATokenToKVPool(OwnerLaneMLATokenToKVPool, DSATokenToKVPool):
     written by the NSA kernels (a GPU), not through this door."""
 
 
-POOL_CLASSES = {"mha": OwnerLaneMHATokenToKVPool, "mla": OwnerLaneMLATokenToKVPool, "dsa": OwnerLaneDSATokenToKVPool}
+POOL_CLASSES = {
+    "mha": OwnerLaneMHATokenToKVPool,
+    "mla": OwnerLaneMLATokenToKVPool,
+    "dsa": OwnerLaneDSATokenToKVPool,
+}
 """SGLang's ``KVPoolKind`` -> cpkv's pool class (``get_kv_pool_cls``)."""
 
 
-def write_kv_rows(pools: Sequence, layer, out_cache_loc: torch.Tensor, cache_k: torch.Tensor,
-                  cache_v: torch.Tensor | None = None) -> None:  # fmt: skip
+def write_kv_rows(
+    pools: Sequence,
+    layer,
+    out_cache_loc: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor | None = None,
+) -> None:
     """Write one batch's K/V rows on every rank through the pools' own ``set_kv_buffer`` (what SGLang's
     attention layer calls on each rank with the all-gathered rows).
 
@@ -240,6 +264,8 @@ def _check_group(pools: Sequence) -> SharedKVLayout:
     layouts = {pool.layout for pool in pools}
     ranks = [pool.cp_rank for pool in pools]
     if len(layouts) != 1 or ranks != list(range(len(pools))) or len(pools) != pools[0].cp_size:
-        raise ConfigError(f"pools must be ranks 0 .. C-1 of one group, got ranks {ranks} of "
-                          f"{sorted({(lay.cp_size, lay.pages_per_lane) for lay in layouts})} (cp_size, pages_per_lane)")  # fmt: skip
+        raise ConfigError(
+            f"pools must be ranks 0 .. C-1 of one group, got ranks {ranks} of "
+            f"{sorted({(lay.cp_size, lay.pages_per_lane) for lay in layouts})} (cp_size, pages_per_lane)"
+        )
     return layouts.pop()

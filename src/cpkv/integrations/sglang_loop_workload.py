@@ -18,7 +18,9 @@ HEAD_DIM = 4
 """K/V row width: the token id in three 12-bit parts and the position, exact in float32."""
 
 
-def kv_rows(tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def kv_rows(
+    tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The known K/V rows of tokens at positions computed on lanes (int64 ``[n]`` each): float32 ``[n, 1, 4]``
     each, K = ``(id & 0xFFF, id >> 12 & 0xFFF, id >> 24, position)``, V = ``(K[:3], lane) + 0.5``. Every value
     < 2**24: exact. A page's rows keep the lane that computed them through HiCache and L3, so a page loaded

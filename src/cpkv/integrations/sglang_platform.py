@@ -65,8 +65,10 @@ def group_from_env() -> tuple[int, str]:
     """
     raw = os.environ.get(CP_SIZE_ENV)
     if raw is None or not raw.strip():
-        raise ConfigError(f"environment variable {CP_SIZE_ENV} is not set: set it to the ranks of the CP group "
-                          f"(e.g. {CP_SIZE_ENV}=8) to use SGLANG_PLATFORM={PLATFORM_NAME}")  # fmt: skip
+        raise ConfigError(
+            f"environment variable {CP_SIZE_ENV} is not set: set it to the ranks of the CP group "
+            f"(e.g. {CP_SIZE_ENV}=8) to use SGLANG_PLATFORM={PLATFORM_NAME}"
+        )
     try:
         cp_size = check_cp_size(int(raw.strip()))
     except ValueError as e:  # int() of a non-integer, or ConfigError (a ValueError) for a bad size

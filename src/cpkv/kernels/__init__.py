@@ -18,13 +18,23 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {  # public name -> the submodule that defines it (loaded on first use: torch only with rerange, slots)
-    "KERNEL_MODES": "backend", "KERNELS_ENV": "backend", "kernel_backend": "backend", "kernel_mode": "backend",
+    "KERNEL_MODES": "backend",
+    "KERNELS_ENV": "backend",
+    "kernel_backend": "backend",
+    "kernel_mode": "backend",
     "use_kernels": "backend",
-    "INTERPRETER_MINIMUM": "gate", "KERNEL_ABI": "gate", "TRITON_MINIMUM": "gate", "KernelStack": "gate",
+    "INTERPRETER_MINIMUM": "gate",
+    "KERNEL_ABI": "gate",
+    "TRITON_MINIMUM": "gate",
+    "KernelStack": "gate",
     "require_kernel_version": "gate",
-    "all_gather_rerange": "rerange", "all_gather_rerange_inverse": "rerange",
-    "fill_out_cache_loc": "slots", "owned_mask": "slots", "read_slots": "slots", "write_slots": "slots",
-}  # fmt: skip
+    "all_gather_rerange": "rerange",
+    "all_gather_rerange_inverse": "rerange",
+    "fill_out_cache_loc": "slots",
+    "owned_mask": "slots",
+    "read_slots": "slots",
+    "write_slots": "slots",
+}
 
 __all__ = [
     "INTERPRETER_MINIMUM",

@@ -76,7 +76,9 @@ def all_gather_rerange_inverse(flat: torch.Tensor, plan: BatchPlan, *, out=None)
     flat_start, length = _flat_runs(plan)
     rank_start = plan.gather_index[flat_start]
     order = np.argsort(rank_start, kind="stable")  # the kernel searches the destination starts
-    table = np.concatenate([rank_start[order], flat_start[order], length[order]])  # dst (rank rows) | src | length
+    table = np.concatenate(
+        [rank_start[order], flat_start[order], length[order]]
+    )  # dst (rank rows) | src | length
     return _copy_runs(backend, flat, new_out(out, shape, flat.dtype, flat.device), table)
 
 
@@ -116,7 +118,16 @@ def _copy_runs(backend: str, src: torch.Tensor, dst: torch.Tensor, table: np.nda
     grid = (cdiv(rows, block_r), cdiv(width, block_d))
     with on_device(dst):
         kernel_module(backend == "interpreter").copy_runs_kernel[grid](
-            bits_view(src), bits_view(dst), torch.from_numpy(table).to(dst.device), rows, num_runs,
-            max(num_runs - 1, 0).bit_length(), width, src.stride(0), dst.stride(0), BLOCK_R=block_r, BLOCK_D=block_d,
-        )  # fmt: skip
+            bits_view(src),
+            bits_view(dst),
+            torch.from_numpy(table).to(dst.device),
+            rows,
+            num_runs,
+            max(num_runs - 1, 0).bit_length(),
+            width,
+            src.stride(0),
+            dst.stride(0),
+            BLOCK_R=block_r,
+            BLOCK_D=block_d,
+        )
     return dst

@@ -53,15 +53,21 @@ def fill_out_cache_loc(
     if not isinstance(plan, BatchPlan):
         raise KernelError(f"plan must be a BatchPlan, got {type(plan).__name__}")
     last = as_int_array("last_locs", last_locs, plan.num_requests, error=KernelError, count_of="the plan")
-    pages = as_int_array("new_pages", new_pages, plan.page_owners.shape[0], error=KernelError, count_of="the plan")
-    dev = torch.device(device if device is not None else out.device if isinstance(out, torch.Tensor) else "cpu")
+    pages = as_int_array(
+        "new_pages", new_pages, plan.page_owners.shape[0], error=KernelError, count_of="the plan"
+    )
+    dev = torch.device(
+        device if device is not None else out.device if isinstance(out, torch.Tensor) else "cpu"
+    )
     out = check_out(out, (plan.num_tokens,), torch.int64, dev)
     runs = plan.token_runs
     head = runs.pages == 0  # head runs have no new page; every segment run has at least one
     bad = np.flatnonzero(head & (last[runs.req] < 0))
     if bad.size:
         i = int(runs.req[bad[0]])
-        raise KernelError(f"request {i}: computes head tokens but last_loc={int(last[i])} (needs a slot >= 0)")
+        raise KernelError(
+            f"request {i}: computes head tokens but last_loc={int(last[i])} (needs a slot >= 0)"
+        )
     backend = kernel_backend(dev)
     if backend == "torch" or plan.num_tokens == 0:
         return into(out, torch.from_numpy(extend_slots(plan, last, pages)).to(dev))
@@ -137,7 +143,9 @@ def write_slots(layout: SharedKVLayout, slots: torch.Tensor, *, out=None, check:
     return _translate(layout, "write_slots", slots, None, out, check)
 
 
-def owned_mask(layout: SharedKVLayout, slots: torch.Tensor, rank: int, *, out=None, check: bool = True) -> torch.Tensor:
+def owned_mask(
+    layout: SharedKVLayout, slots: torch.Tensor, rank: int, *, out=None, check: bool = True
+) -> torch.Tensor:
     """Bool tensor, same shape and device: ``slot >= 0 and (slot // P) % C == rank`` (C-LAYOUT).
 
     Equals ``layout.owned_mask(slots, rank)``; ``out`` must be a bool tensor. Example C=4, P=64, rank 2:
@@ -176,7 +184,14 @@ def _translate(layout: SharedKVLayout, kind: str, slots, rank: int | None, out, 
     dst = result.view(-1).view(torch.uint8) if kind == "owned_mask" else result.view(-1)
     with on_device(dst):
         kernel_module(backend == "interpreter").translate_slots_kernel[(cdiv(n, _BLOCK),)](
-            slots.contiguous().view(-1), dst, n, layout.pages_per_lane, -1 if rank is None else rank,
-            C=layout.cp_size, P=layout.page_size, KIND=_KIND[kind], BLOCK=_BLOCK,
-        )  # fmt: skip
+            slots.contiguous().view(-1),
+            dst,
+            n,
+            layout.pages_per_lane,
+            -1 if rank is None else rank,
+            C=layout.cp_size,
+            P=layout.page_size,
+            KIND=_KIND[kind],
+            BLOCK=_BLOCK,
+        )
     return result

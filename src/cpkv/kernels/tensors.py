@@ -28,9 +28,11 @@ def check_out(out, shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
         return None
     out = require_tensor("out", out)
     if (
-        tuple(out.shape) != tuple(shape) or out.dtype != dtype or not same_device(out.device, device)
+        tuple(out.shape) != tuple(shape)
+        or out.dtype != dtype
+        or not same_device(out.device, device)
         or not out.is_contiguous()
-    ):  # fmt: skip
+    ):
         raise KernelError(
             f"out must be a contiguous {dtype} tensor of shape {list(shape)} on {device}, got "
             f"{out.dtype} {list(out.shape)} on {out.device}{'' if out.is_contiguous() else ' (not contiguous)'}"

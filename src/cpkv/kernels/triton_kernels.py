@@ -41,7 +41,7 @@ def _find_run(start_ptr, x, num_runs, n_iter):
 @triton.jit
 def fill_out_cache_loc_kernel(
     table_ptr, out_ptr, num_tokens, num_runs, num_blocks, n_iter, P: tl.constexpr, BLOCK: tl.constexpr
-):  # fmt: skip
+):
     """``out_cache_loc[t]`` for every extend token t of a batch, one launch (SPEC C-ALLOC, C-KERNEL).
 
     ``table`` int64 ``[2R + 1 + 4 num_blocks + num_pages]``: ``token_start [R + 1]`` (flat index of each
@@ -69,7 +69,9 @@ def fill_out_cache_loc_kernel(
         _store_slots(pages_ptr, out_ptr, t, mask, t - tl.load(row + 2), tl.load(row + 3) + t * 0, P)
     else:
         j = _find_run(table_ptr, t, num_runs, n_iter)
-        _store_slots(pages_ptr, out_ptr, t, mask, t - tl.load(table_ptr + j), tl.load(table_ptr + num_runs + 1 + j), P)
+        _store_slots(
+            pages_ptr, out_ptr, t, mask, t - tl.load(table_ptr + j), tl.load(table_ptr + num_runs + 1 + j), P
+        )
 
 
 @triton.jit
@@ -85,9 +87,16 @@ def _store_slots(pages_ptr, out_ptr, t, mask, k, base, P: tl.constexpr):
 
 @triton.jit
 def translate_slots_kernel(
-    src_ptr, dst_ptr, n, pages_per_lane, rank, C: tl.constexpr, P: tl.constexpr, KIND: tl.constexpr,
+    src_ptr,
+    dst_ptr,
+    n,
+    pages_per_lane,
+    rank,
+    C: tl.constexpr,
+    P: tl.constexpr,
+    KIND: tl.constexpr,
     BLOCK: tl.constexpr,
-):  # fmt: skip
+):
     """C-LAYOUT on ``n`` slots: KIND 0 write slot ``(p // C) * P + o``, 1 read slot ``((p % C) * Q + p // C)
     * P + o``, 2 owned mask ``s >= 0 and p % C == rank`` (stored as 0/1). Negative slots pass through
     (KIND 0, 1). Arithmetic in int64, stored in ``dst``'s dtype (the caller checked that results fit).
@@ -112,9 +121,18 @@ def translate_slots_kernel(
 
 @triton.jit
 def copy_runs_kernel(
-    src_ptr, dst_ptr, table_ptr, num_rows, num_runs, n_iter, width, src_stride, dst_stride,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    src_ptr,
+    dst_ptr,
+    table_ptr,
+    num_rows,
+    num_runs,
+    n_iter,
+    width,
+    src_stride,
+    dst_stride,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Row copy through a run map: ``dst[dst_start[j] + k] = src[src_start[j] + k]`` for k < length[j];
     rows of ``dst`` in no run are zeroed (the padding of each rank's M rows, SPEC C-GATHER).
 
@@ -135,4 +153,8 @@ def copy_runs_kernel(
     vals = tl.load(
         src_ptr + src_row[:, None] * src_stride + col[None, :], mask=inside[:, None] & cmask[None, :], other=0
     )
-    tl.store(dst_ptr + row[:, None] * dst_stride + col[None, :], vals, mask=(row < num_rows)[:, None] & cmask[None, :])
+    tl.store(
+        dst_ptr + row[:, None] * dst_stride + col[None, :],
+        vals,
+        mask=(row < num_rows)[:, None] & cmask[None, :],
+    )

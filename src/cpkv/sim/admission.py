@@ -36,7 +36,9 @@ from .reservation import pages_to_finish
 _I64 = np.int64
 
 
-def align_chunk(prefix_len: int, n: int, remaining: int, cp_size: int, page_size: int, *, in_page: bool = True) -> int:
+def align_chunk(
+    prefix_len: int, n: int, remaining: int, cp_size: int, page_size: int, *, in_page: bool = True
+) -> int:
     """The chunk of at most ``n`` tokens that a request with ``remaining`` tokens left runs, in tokens.
 
     A chunk that finishes the request (``n >= remaining``) is ``remaining``. Otherwise CP-aware chunking:
@@ -85,7 +87,9 @@ class StepBuilder:
         whole: every chunk is the wanted one or none (decode and speculative-decode steps).
     """
 
-    def __init__(self, config: SimConfig, alloc: OwnerLaneAllocator, cache: PrefixCache, *, whole: bool = False):
+    def __init__(
+        self, config: SimConfig, alloc: OwnerLaneAllocator, cache: PrefixCache, *, whole: bool = False
+    ):
         self.config, self.alloc, self.cache, self.whole = config, alloc, cache, whole
         self.limit = config.logits_budget_elements  # elements per rank, or None
         self.keys: list = []  # the batch's requests, in batch order
@@ -144,7 +148,10 @@ class StepBuilder:
         if first is None:
             self._accept(key, prefix_len, chunk(want), last_loc)
             return Fit(self._E[-1])
-        lo, hi = shortest - 1, want - 1 if size(shortest) is None else 0  # longest raw n that fits; < shortest: none
+        lo, hi = (
+            shortest - 1,
+            want - 1 if size(shortest) is None else 0,
+        )  # longest raw n that fits; < shortest: none
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if size(mid) is None:
@@ -153,7 +160,12 @@ class StepBuilder:
                 hi = mid - 1
         if lo < shortest and first[0] == "lane" and self.make_free_page():
             lo = shortest if size(shortest) is None else 0  # balanced sees the page made free
-        if self.whole and lo < shortest and first[0] == "lane" and follows_free_pages(self.alloc.config.owner_policy):
+        if (
+            self.whole
+            and lo < shortest
+            and first[0] == "lane"
+            and follows_free_pages(self.alloc.config.owner_policy)
+        ):
             # all K slots or none, on lanes chosen from free pages: evictable pages count as room but not
             # for the phase choice, so free them until a phase fits
             while size(shortest) is not None and self.make_free_page(anywhere=True):
@@ -191,7 +203,9 @@ class StepBuilder:
 
     def placed_pages(self) -> np.ndarray:
         """New pages the batch so far takes per lane under the plan ``commit`` will allocate, int64 ``[C]``."""
-        return self.batch_plan().new_pages_per_lane if self.keys else np.zeros(self.config.cp_size, dtype=_I64)
+        return (
+            self.batch_plan().new_pages_per_lane if self.keys else np.zeros(self.config.cp_size, dtype=_I64)
+        )
 
     def chunks(self) -> dict:
         """The batch so far: ``{key: chunk tokens}``, in batch order."""
@@ -229,8 +243,14 @@ class StepBuilder:
             over_budget = logits is not None and int(logits.max()) > self.limit
             if (need > room).any() or over_budget:
                 spare = int(need.sum()) if spare is None else spare
-                if (not over_budget and len(self.keys) == 1 and spare > 0 and int(need.sum()) <= int(room.sum())
-                        and follows_free_pages(self.alloc.config.owner_policy) and self.make_free_page(anywhere=True)):
+                if (
+                    not over_budget
+                    and len(self.keys) == 1
+                    and spare > 0
+                    and int(need.sum()) <= int(room.sum())
+                    and follows_free_pages(self.alloc.config.owner_policy)
+                    and self.make_free_page(anywhere=True)
+                ):
                     spare -= 1
                     continue
                 for items in (self.keys, self._L0, self._E, self._last):
@@ -243,9 +263,14 @@ class StepBuilder:
                 self._plans.clear()  # made under other free pages
                 # Eviction moves pages from evictable to free, so the room stays; a plan that follows positions
                 # only (rotation, legacy) stays too: the next round would allocate at once if no lane is short.
-                if follows_free_pages(self.alloc.config.owner_policy) or (need > self.alloc.free_pages_per_lane()).any():
+                if (
+                    follows_free_pages(self.alloc.config.owner_policy)
+                    or (need > self.alloc.free_pages_per_lane()).any()
+                ):
                     continue
-            a = self.alloc.allocate(plan, self._last)  # the plan judged (re-made above after a balanced eviction)
+            a = self.alloc.allocate(
+                plan, self._last
+            )  # the plan judged (re-made above after a balanced eviction)
             return list(self.keys), a, logits if logits is not None else mqa_logits_elements(plan)
         return None
 
@@ -268,7 +293,11 @@ class StepBuilder:
         for _, prefix_len, remaining, _ in items:
             want = min(remaining, cfg.chunk_size, left)
             in_page = not (out or self.keys)
-            chunk = align_chunk(prefix_len, want, remaining, cfg.cp_size, cfg.page_size, in_page=in_page) if want > 0 else 0
+            chunk = (
+                align_chunk(prefix_len, want, remaining, cfg.cp_size, cfg.page_size, in_page=in_page)
+                if want > 0
+                else 0
+            )
             if not chunk:
                 break
             out.append(chunk)
@@ -295,11 +324,15 @@ class StepBuilder:
 
     def _check_many(self, items: Sequence[tuple], chunks: Sequence[int]) -> tuple[str, int] | None:
         """Verdict for the batch plus ``items`` at ``chunks``, memoised until the batch or room changes."""
-        key = tuple((prefix_len, n, last_loc) for (_, prefix_len, _, last_loc), n in zip(items, chunks, strict=True))
+        key = tuple(
+            (prefix_len, n, last_loc) for (_, prefix_len, _, last_loc), n in zip(items, chunks, strict=True)
+        )
         if key not in self._seen:
             P = self.config.page_size
             pages = self._pages + sum(pages_to_finish(L0 + n, L0, P) for L0, n, _ in key)
-            if self.limit is None and pages <= self._room_min:  # every lane could take every new page: no plan needed
+            if (
+                self.limit is None and pages <= self._room_min
+            ):  # every lane could take every new page: no plan needed
                 self._seen[key] = None
             else:
                 L0, E, last = (list(x) for x in zip(*key, strict=True))

@@ -91,11 +91,20 @@ class SimConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "cp_size", check_cp_size(self.cp_size))
         check_strategies([self.cp_strategy])
-        for name, minimum, maximum in (  # sizes of arrays stay in int64; budgets, counts and the seed size none
-            ("page_size", 1, INT64_MAX), ("host_pages_per_lane", 0, INT64_MAX), ("spec_draft_tokens", 0, INT64_MAX),
-            ("chunk_size", 1, None), ("max_batch_tokens", 1, None), ("max_running", 1, None),
-            ("livelock_steps", 1, None), ("seed", 0, None),
-        ):  # fmt: skip
+        for (
+            name,
+            minimum,
+            maximum,
+        ) in (  # sizes of arrays stay in int64; budgets, counts and the seed size none
+            ("page_size", 1, INT64_MAX),
+            ("host_pages_per_lane", 0, INT64_MAX),
+            ("spec_draft_tokens", 0, INT64_MAX),
+            ("chunk_size", 1, None),
+            ("max_batch_tokens", 1, None),
+            ("max_running", 1, None),
+            ("livelock_steps", 1, None),
+            ("seed", 0, None),
+        ):
             object.__setattr__(self, name, check_int(name, getattr(self, name), minimum, maximum))
         caps = per_lane_ints("pages_per_lane", self.pages_per_lane, self.cp_size, 2)
         uniform = hasattr(self.pages_per_lane, "__index__") and not isinstance(self.pages_per_lane, bool)
@@ -103,7 +112,9 @@ class SimConfig:
         if not 0 <= self.logits_budget_mb < float("inf"):
             raise ConfigError(f"logits_budget_mb must be a finite number >= 0, got {self.logits_budget_mb!r}")
         slo = self.ttft_slo_ms
-        if slo is not None and (isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo < float("inf")):
+        if slo is not None and (
+            isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo < float("inf")
+        ):
             raise ConfigError(f"ttft_slo_ms must be a finite number of ms > 0 or None, got {slo!r}")
         rate = self.spec_accept_rate
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
@@ -145,14 +156,22 @@ class SimConfig:
         C = check_cp_size(given.get("cp_size", cls.cp_size))
         if "chunk_size" not in given and spec.chunk_pages:
             given["chunk_size"] = spec.chunk_pages * P
-        given.setdefault("max_batch_tokens", max(2 * given.get("chunk_size", cls.chunk_size), cls.max_batch_tokens))
+        given.setdefault(
+            "max_batch_tokens", max(2 * given.get("chunk_size", cls.chunk_size), cls.max_batch_tokens)
+        )
         pages = spec.prompt_pages(P) if spec.pool_percent or spec.host_percent else 0
         if "pages_per_lane" not in given and spec.pool_percent:
             given["pages_per_lane"] = max(2, -(-pages * spec.pool_percent // (100 * C)))
         measured = given.get("measured")
         if "pages_per_lane" not in given and measured is not None:  # what the GPU holds (cost.memory)
-            held = memory_of(measured, C, P, given.get("chunk_size", cls.chunk_size), given["max_batch_tokens"],
-                             given.get("max_running", cls.max_running))["pages_per_lane"]  # fmt: skip
+            held = memory_of(
+                measured,
+                C,
+                P,
+                given.get("chunk_size", cls.chunk_size),
+                given["max_batch_tokens"],
+                given.get("max_running", cls.max_running),
+            )["pages_per_lane"]
             given["pages_per_lane"] = held if held >= 2 else cls.pages_per_lane  # no fit: hypothetical, said
         if "host_pages_per_lane" not in given and spec.host_percent:
             given["host_pages_per_lane"] = -(-pages * spec.host_percent // 100)
@@ -162,16 +181,28 @@ class SimConfig:
         """The memory of one GPU under ``measured`` (``memory_of``), or None under the illustrative model."""
         if self.measured is None:
             return None
-        return memory_of(self.measured, self.cp_size, self.page_size, self.chunk_size, self.max_batch_tokens,
-                         self.max_running)  # fmt: skip
+        return memory_of(
+            self.measured,
+            self.cp_size,
+            self.page_size,
+            self.chunk_size,
+            self.max_batch_tokens,
+            self.max_running,
+        )
 
     def to_dict(self) -> dict:
         """Plain dict for ``report.json``."""
         return asdict(self)
 
 
-def memory_of(measured: MeasuredSpec, cp_size: int, page_size: int, chunk_size: int, max_batch_tokens: int,
-              max_running: int) -> dict:  # fmt: skip
+def memory_of(
+    measured: MeasuredSpec,
+    cp_size: int,
+    page_size: int,
+    chunk_size: int,
+    max_batch_tokens: int,
+    max_running: int,
+) -> dict:
     """One GPU's memory and the pool it leaves (``cpkv.cost.memory.memory_plan``; aiconfigurator's KV-cache
     estimator). Raises CostModelError (the model does not fit), CostExtraMissing."""
     from ..cost.memory import memory_plan
@@ -186,7 +217,9 @@ def check_policies(policies: list[str]) -> list[str]:
         names = list(OWNER_POLICIES) if p == "all" else [p]
         for name in names:
             if name not in OWNER_POLICIES:
-                raise ConfigError(f"policy {name!r} is unknown; use one of {', '.join(OWNER_POLICIES)} or all")
+                raise ConfigError(
+                    f"policy {name!r} is unknown; use one of {', '.join(OWNER_POLICIES)} or all"
+                )
             if name not in out:
                 out.append(name)
     return out
@@ -199,7 +232,9 @@ def check_strategies(names: list[str]) -> list[str]:
     for n in names:
         for name in CP_STRATEGIES if n == "all" else (n,):
             if not isinstance(name, str) or name not in CP_STRATEGIES:
-                raise ConfigError(f"cp_strategy {name!r} is unknown; use one of {', '.join(CP_STRATEGIES)} or all")
+                raise ConfigError(
+                    f"cp_strategy {name!r} is unknown; use one of {', '.join(CP_STRATEGIES)} or all"
+                )
             if name not in out:
                 out.append(name)
     return out
@@ -219,7 +254,9 @@ def check_designs(names: list[str]) -> list[str]:
     for n in names:
         for name in KV_STORAGE_DESIGNS if n == "all" else (n,):
             if name not in KV_STORAGE_DESIGNS:
-                raise ConfigError(f"kv storage {name!r} is unknown; use one of {', '.join(KV_STORAGE_DESIGNS)} or all")
+                raise ConfigError(
+                    f"kv storage {name!r} is unknown; use one of {', '.join(KV_STORAGE_DESIGNS)} or all"
+                )
             if name not in out:
                 out.append(name)
     return out

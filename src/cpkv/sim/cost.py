@@ -28,7 +28,10 @@ def step_work(
     """
     work = np.zeros(cp_size)
     if plan is not None and plan.num_tokens:
-        work += cost.linear_ms_per_token * plan.per_rank_tokens + cost.attn_ms_per_pair * causal_pairs_per_rank(plan)
+        work += (
+            cost.linear_ms_per_token * plan.per_rank_tokens
+            + cost.attn_ms_per_pair * causal_pairs_per_rank(plan)
+        )
     if decode_tokens is not None:
         work += cost.linear_ms_per_token * decode_tokens
     return work
@@ -79,5 +82,7 @@ def coverage(config: SimConfig, requests) -> dict:
     if config.measured is None:
         return {"error_band": cov.ILLUSTRATIVE_BAND, "extrapolated": []}
     longest = max((r.input_length for r in requests), default=0)
-    return {"error_band": cov.ERROR_BAND,
-            "extrapolated": cov.extrapolated(config.measured, config.cp_size, config.chunk_size, longest)}  # fmt: skip
+    return {
+        "error_band": cov.ERROR_BAND,
+        "extrapolated": cov.extrapolated(config.measured, config.cp_size, config.chunk_size, longest),
+    }

@@ -71,17 +71,26 @@ class PolicyRun:
         kv_storage: the KV storage design (``sim.storage``, C-STORAGE; owner policies place owner-lane's pages).
     """
 
-    def __init__(self, config: SimConfig, policy: str, requests: Sequence[Request], cost=None,
-                 kv_storage: str = OWNER_LANE) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: SimConfig,
+        policy: str,
+        requests: Sequence[Request],
+        cost=None,
+        kv_storage: str = OWNER_LANE,
+    ) -> None:
         self.cfg = config
         self.cost = step_cost(config) if cost is None else cost
         self.requests = requests
-        self.storage = build_storage(kv_storage, config, policy, self.cost)  # C-STORAGE: allocator, cache, traffic
+        self.storage = build_storage(
+            kv_storage, config, policy, self.cost
+        )  # C-STORAGE: allocator, cache, traffic
         self.alloc, self.cache, self.policy = self.storage.alloc, self.storage.cache, self.storage.policy
         self.spec = (
             SpecDecoder(self.alloc, config.spec_draft_tokens, config.spec_accept_rate, config.seed)
-            if config.spec_draft_tokens else None
-        )  # fmt: skip
+            if config.spec_draft_tokens
+            else None
+        )
         self.builder = StepBuilder(config, self.alloc, self.cache)
         k = max(1, config.spec_draft_tokens)  # KV slots per decoding request and step
         decode = replace(config, chunk_size=k, max_batch_tokens=k * config.max_running, logits_budget_mb=0.0)
@@ -196,7 +205,11 @@ class PolicyRun:
             others = self.running + self.decoding
             pages_left = [self._pages_left(r) for r in (*others, run)]  # room: re-read by _start's lock
             short = reservation_short(self.policy, pages_left, self.builder.room, per_lane=False)  # the total
-            fit = self._note(self.builder.add(run, run.done, run.remaining, run.last_loc)) if not short else None
+            fit = (
+                self._note(self.builder.add(run, run.done, run.remaining, run.last_loc))
+                if not short
+                else None
+            )
             if fit is not None and fit.tokens and others and not follows_free_pages(self.policy):
                 short = self._lane_reservation_short((*others, run))  # every lane, with the step as planned
                 if short:
@@ -212,7 +225,15 @@ class PolicyRun:
             run.kv.release()
             self.builder.refresh_room()
             if fit is not None and fit.cut == "lane" and not others:  # alone, and its chunk has no lane
-                self._drop_waiting(i, lane_reason(self.policy, fit.lane, int(self.alloc.capacity_per_lane[fit.lane]), "its cached prefix"))
+                self._drop_waiting(
+                    i,
+                    lane_reason(
+                        self.policy,
+                        fit.lane,
+                        int(self.alloc.capacity_per_lane[fit.lane]),
+                        "its cached prefix",
+                    ),
+                )
             elif short == "lane" or (fit is not None and fit.cut == "lane"):
                 i += 1
             else:
@@ -223,7 +244,9 @@ class PolicyRun:
         pages (its pages left after its chunk of this step) as even shares."""
         chunk = self.builder.chunks()
         P = self.storage.page_size
-        left = [pages_to_finish(self._kv_tokens(r.req), r.done + r.decoded + chunk.get(r, 0), P) for r in admitted]
+        left = [
+            pages_to_finish(self._kv_tokens(r.req), r.done + r.decoded + chunk.get(r, 0), P) for r in admitted
+        ]
         return reservation_short(self.policy, left, self.builder.room, self.builder.placed_pages())
 
     def _total_room_for(self, req: Request) -> bool:
@@ -246,7 +269,9 @@ class PolicyRun:
     def _start(self, req: Request) -> RunningRequest:
         """Match the prompt (``load_back`` of a host-tier part on its recorded lanes) and lock the prefix."""
         tokens = self._token_ids(req)
-        kv = self.flow.start(tokens[:-1], req.input_length + req.output_length)  # at least one token is computed
+        kv = self.flow.start(
+            tokens[:-1], req.input_length + req.output_length
+        )  # at least one token is computed
         self.builder.refresh_room()
         return RunningRequest(req, tokens, kv, kv.length, redo=self._redo.get(req.req_id, 0))
 
@@ -296,10 +321,16 @@ class PolicyRun:
         lasts = [int(r.slots[s - 1]) for r, s in zip(self.decoding, seqs, strict=True)]
         try:  # fast path: every request's slots fit in free pages (the builder would plan the same batch)
             batch = list(self.decoding)
-            a = self.spec.alloc_draft(seqs, lasts) if self.spec else self.alloc.alloc_extend(seqs, [k] * len(seqs), lasts)
+            a = (
+                self.spec.alloc_draft(seqs, lasts)
+                if self.spec
+                else self.alloc.alloc_extend(seqs, [k] * len(seqs), lasts)
+            )
         except LaneExhausted:
             b.reset()
-            for fit in b.add_many([(r, s, k, last) for r, s, last in zip(self.decoding, seqs, lasts, strict=True)]):
+            for fit in b.add_many(
+                [(r, s, k, last) for r, s, last in zip(self.decoding, seqs, lasts, strict=True)]
+            ):
                 self._note(fit)
             out = b.commit()
             if out is None:
@@ -354,11 +385,18 @@ class PolicyRun:
         kv = oldest.done + oldest.decoded  # tokens whose KV exists (prompt, then decode)
         held = np.unique(oldest.slots[:kv] // self.storage.page_size) if kv else np.zeros(0, _I64)
         last_page = int(oldest.slots[kv - 1]) // self.storage.page_size if kv else -1
-        step = self.decode_builder.config.chunk_size if oldest in self.decoding else 1  # K slots, or one token
+        step = (
+            self.decode_builder.config.chunk_size if oldest in self.decoding else 1
+        )  # K slots, or one token
         lane = self.storage.stuck_alone(held, kv, last_page, step)
         if lane >= 0:
-            self._reject(oldest, lane_reason(self.policy, lane, int(self.alloc.capacity_per_lane[lane]), "its own pages"))
-        elif self.decoding and len(self.running) + len(self.decoding) > 1:  # alone, a retraction frees nothing
+            self._reject(
+                oldest,
+                lane_reason(self.policy, lane, int(self.alloc.capacity_per_lane[lane]), "its own pages"),
+            )
+        elif (
+            self.decoding and len(self.running) + len(self.decoding) > 1
+        ):  # alone, a retraction frees nothing
             self._retract(max(self.decoding, key=lambda r: r.req.req_id))
 
     def _retract(self, r: RunningRequest) -> None:
@@ -380,4 +418,6 @@ class PolicyRun:
     def _result(self, wall_s: float) -> PolicyResult:
         used = self.rec.used()
         ttft = np.asarray(self.ttft_ms, dtype=np.float64)  # [finished requests], ms
-        return PolicyResult(self.storage.label, policy_metrics(self, used, wall_s), self.rec.times(), used, ttft)
+        return PolicyResult(
+            self.storage.label, policy_metrics(self, used, wall_s), self.rec.times(), used, ttft
+        )

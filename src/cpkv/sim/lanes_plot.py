@@ -121,9 +121,11 @@ def lanes_figure(results: list, config: dict, status: str = "complete"):
 def _title(config: dict, results: list, status: str) -> str:
     head = f"cpkv simulate: {config.get('workload_description') or config.get('workload', '')}"
     stats = config.get("workload_stats") or {}
-    line = (f"{stats.get('num_requests', 0):,} requests, {stats.get('prompt_tokens_total', 0) / 1e6:,.2f}M prompt "
-            f"tokens; C={config.get('cp_size')} ranks, P={config.get('page_size')} tokens per page, "
-            f"Q={_capacity_text(config.get('pages_per_lane', 0))} pages per lane")  # fmt: skip
+    line = (
+        f"{stats.get('num_requests', 0):,} requests, {stats.get('prompt_tokens_total', 0) / 1e6:,.2f}M prompt "
+        f"tokens; C={config.get('cp_size')} ranks, P={config.get('page_size')} tokens per page, "
+        f"Q={_capacity_text(config.get('pages_per_lane', 0))} pages per lane"
+    )
     if status != "complete":
         done = [r.policy for r in results]
         pending = [p for p in config.get("runs", config.get("policies", [])) if p not in done]
@@ -134,8 +136,12 @@ def _title(config: dict, results: list, status: str) -> str:
 def _row_title(ax, r) -> None:
     m = r.metrics
     mean = m["lane_imbalance_mean"]
-    ax.set_title(f"{r.policy}:  lane_imbalance_peak {m['lane_imbalance_peak']:.4f}   lane_imbalance_mean "
-                 f"{'- (no step counted)' if mean is None else f'{mean:.4f}'}", fontsize=10, loc="left")  # fmt: skip
+    ax.set_title(
+        f"{r.policy}:  lane_imbalance_peak {m['lane_imbalance_peak']:.4f}   lane_imbalance_mean "
+        f"{'- (no step counted)' if mean is None else f'{mean:.4f}'}",
+        fontsize=10,
+        loc="left",
+    )
     if m.get("livelock_detected"):
         lane = (m.get("livelock") or {}).get("lane", -1)
         where = f" (lane {lane} full)" if lane is not None and lane >= 0 else ""
@@ -154,10 +160,25 @@ def _draw_curve(ax, r, Q) -> None:
     every = imbalance_curve(r.used, Q, busy_fraction=0.0)  # every step with pages in use, under the counted
     if (np.isfinite(every) & ~np.isfinite(ratio)).any():
         ta, _, ha = binned(times, every, MAX_POINTS)
-        ax.plot(ta, ha, color="0.6", lw=0.8, zorder=2, label=f"the same over all steps (mean < {share} Q: not counted)")
+        ax.plot(
+            ta,
+            ha,
+            color="0.6",
+            lw=0.8,
+            zorder=2,
+            label=f"the same over all steps (mean < {share} Q: not counted)",
+        )
     if t.shape[0] < ratio.shape[0]:
-        ax.fill_between(t, lo, hi, color="tab:blue", alpha=0.3, lw=0, zorder=2,
-                        label=f"min-max of the steps in each time bin (at most {MAX_POINTS:,} bins)")  # fmt: skip
+        ax.fill_between(
+            t,
+            lo,
+            hi,
+            color="tab:blue",
+            alpha=0.3,
+            lw=0,
+            zorder=2,
+            label=f"min-max of the steps in each time bin (at most {MAX_POINTS:,} bins)",
+        )
         label = f"max_r used / mean_r used, max of each time bin (steps with mean ≥ {share} Q)"
     else:
         label = f"max_r used / mean_r used per step (steps with mean ≥ {share} Q)"
@@ -165,8 +186,16 @@ def _draw_curve(ax, r, Q) -> None:
     mean = r.metrics["lane_imbalance_mean"]
     counted = np.flatnonzero(np.isfinite(ratio))
     if counted.size and mean is not None:  # over the steps it averages
-        ax.hlines(mean, times[counted[0]], times[counted[-1]], color="tab:orange", lw=1.2, ls="--", zorder=2.5,
-                  label="lane_imbalance_mean, over the counted steps (value in each row title)")  # fmt: skip
+        ax.hlines(
+            mean,
+            times[counted[0]],
+            times[counted[-1]],
+            color="tab:orange",
+            lw=1.2,
+            ls="--",
+            zorder=2.5,
+            label="lane_imbalance_mean, over the counted steps (value in each row title)",
+        )
     ax.axhline(1.0, color="0.5", lw=0.6, ls=":", zorder=1, label="1.0 = every lane equally used")
     mean = 1.0 if mean is None else mean
     top = np.nanmax(hi) if np.isfinite(hi).any() else mean
@@ -196,9 +225,13 @@ def _share_comparable_ylim(axes: list) -> None:
 def _draw_bars(ax, r, Q) -> None:
     peaks = np.asarray(r.metrics["lane_pages_peak"], dtype=np.int64)
     lanes = np.arange(peaks.shape[0])
-    ax.bar(lanes, peaks, color="tab:green", width=0.75, label="lane_pages_peak (peak used pages of each lane)")
+    ax.bar(
+        lanes, peaks, color="tab:green", width=0.75, label="lane_pages_peak (peak used pages of each lane)"
+    )
     if isinstance(Q, (list, tuple)):  # unequal lanes: each lane's own capacity over its bar
-        ax.hlines(Q, lanes - 0.45, lanes + 0.45, color="k", lw=0.9, ls="--", label="capacity Q_r of each lane")
+        ax.hlines(
+            Q, lanes - 0.45, lanes + 0.45, color="k", lw=0.9, ls="--", label="capacity Q_r of each lane"
+        )
         Q = max(Q)
     else:
         ax.axhline(Q, color="k", lw=0.9, ls="--", label=f"capacity Q = {Q:,} pages per lane")
@@ -206,8 +239,16 @@ def _draw_bars(ax, r, Q) -> None:
     if peaks.shape[0] <= 16:  # the value on each bar: inside a tall bar, above a short one
         for x, v in zip(lanes.tolist(), peaks.tolist(), strict=True):
             inside = v > 0.3 * top
-            ax.text(x, v * 0.97 if inside else v, f" {v:,} ", ha="center", va="top" if inside else "bottom",
-                    fontsize=7, rotation=90, color="white" if inside else "black")  # fmt: skip
+            ax.text(
+                x,
+                v * 0.97 if inside else v,
+                f" {v:,} ",
+                ha="center",
+                va="top" if inside else "bottom",
+                fontsize=7,
+                rotation=90,
+                color="white" if inside else "black",
+            )
     ax.set_ylim(0, top)
     ax.set_xticks(lanes if peaks.shape[0] <= 16 else lanes[:: -(-peaks.shape[0] // 16)])
     ax.yaxis.set_major_formatter("{x:,.0f}")

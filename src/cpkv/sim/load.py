@@ -159,9 +159,17 @@ def offered_load(config: SimConfig, requests: Iterable[Request], cost) -> Load:
     P, n = config.page_size, len(requests)
     mean_hit = hit // n - hit // n % P
     alone = prefill_ms(config, cost, [mean_hit], [max(1, round(prompt / n) - mean_hit)])
-    return Load(requests=n, span_s=(requests[-1].arrival_ms - requests[0].arrival_ms) / 1000.0, prompt_tokens=prompt,
-                new_tokens=prompt - hit, sample_requests=len(todo), sample_tokens=sampled, sample_ms=float(end.max()),
-                sample_p50_ms=float(np.median(end)), alone_ms=float(alone[0]))  # fmt: skip
+    return Load(
+        requests=n,
+        span_s=(requests[-1].arrival_ms - requests[0].arrival_ms) / 1000.0,
+        prompt_tokens=prompt,
+        new_tokens=prompt - hit,
+        sample_requests=len(todo),
+        sample_tokens=sampled,
+        sample_ms=float(end.max()),
+        sample_p50_ms=float(np.median(end)),
+        alone_ms=float(alone[0]),
+    )
 
 
 def load_lines(load: Load, config: SimConfig, priced_by: str) -> list[str]:
@@ -173,7 +181,9 @@ def load_lines(load: Load, config: SimConfig, priced_by: str) -> list[str]:
         -> offered 1.3x capacity: requests queue for the whole run and TTFT is mostly that wait (the last ...
     """
     group = f"one C={config.cp_size} group prefills about {load.capacity:,.0f} tokens/s"
-    how = f"{config.chunk_size:,}-token chunks, at most {config.max_batch_tokens:,} tokens a step, {priced_by}"
+    how = (
+        f"{config.chunk_size:,}-token chunks, at most {config.max_batch_tokens:,} tokens a step, {priced_by}"
+    )
     if load.burst:
         whole = load.sample_requests == load.requests
         drain = load.sample_ms / 1000 if whole else load.new_tokens / load.capacity
@@ -193,10 +203,18 @@ def load_lines(load: Load, config: SimConfig, priced_by: str) -> list[str]:
     ]
     if ratio >= 1.0:
         wait = load.span_s * (ratio - 1.0)
-        return [*head, f"-> offered {ratio:.1f}x capacity: requests queue for the whole run and TTFT is mostly that "
-                       f"wait (the last arrival waits at least about {wait:,.0f} s); more groups: cpkv sweep, "
-                       "groups = search (docs/sweep.md)"]  # fmt: skip
+        return [
+            *head,
+            f"-> offered {ratio:.1f}x capacity: requests queue for the whole run and TTFT is mostly that "
+            f"wait (the last arrival waits at least about {wait:,.0f} s); more groups: cpkv sweep, "
+            "groups = search (docs/sweep.md)",
+        ]
     alone = f"{load.alone_ms / 1000:,.1f} s" if load.alone_ms >= 1000 else f"{load.alone_ms:,.0f} ms"
-    tail = "; near capacity, bursts of arrivals queue and TTFT p99 rises far above p50" if ratio >= NEAR else ""
-    return [*head, f"-> offered {ratio:.0%} of capacity: TTFT is mostly a prompt's own prefill ({alone} for one of "
-                   f"the mean size, alone) plus waits in bursts{tail}"]  # fmt: skip
+    tail = (
+        "; near capacity, bursts of arrivals queue and TTFT p99 rises far above p50" if ratio >= NEAR else ""
+    )
+    return [
+        *head,
+        f"-> offered {ratio:.0%} of capacity: TTFT is mostly a prompt's own prefill ({alone} for one of "
+        f"the mean size, alone) plus waits in bursts{tail}",
+    ]

@@ -68,7 +68,11 @@ def lane_metrics(used: np.ndarray, pages_per_lane: int | Sequence[int]) -> dict:
     """
     caps = np.broadcast_to(np.asarray(pages_per_lane, dtype=np.float64), (used.shape[1],))  # [C]
     if used.shape[0] == 0:
-        return {"lane_pages_peak": [0] * used.shape[1], "lane_imbalance_peak": 1.0, "lane_imbalance_mean": None}
+        return {
+            "lane_pages_peak": [0] * used.shape[1],
+            "lane_imbalance_peak": 1.0,
+            "lane_imbalance_mean": None,
+        }
     fill = used.astype(np.float64) / caps  # [steps, C]
     mean = fill.mean(axis=1)
     busy = mean >= BUSY_FRACTION  # of a full lane

@@ -15,10 +15,14 @@ def pool_reason(pages: int, usable: int) -> str:
 
 def lane_reason(policy: str, lane: int, capacity: int, what: str) -> str:
     """``lane``: ``policy`` puts the next page on ``lane``, whose ``capacity`` usable pages hold ``what``."""
-    return f"lane: policy {policy} puts the next page on lane {lane}, whose {capacity} usable pages hold {what}"
+    return (
+        f"lane: policy {policy} puts the next page on lane {lane}, whose {capacity} usable pages hold {what}"
+    )
 
 
 def budget_reason(prefix_len: int, budget_elements: int | None) -> str:
     """``logits_budget``: one token at position ``prefix_len`` needs ``prefix_len + 1`` elements on one rank."""
-    return (f"logits_budget: a one-token chunk at position {prefix_len} needs {prefix_len + 1} logits "
-            f"elements on one rank, over the budget of {budget_elements}")  # fmt: skip
+    return (
+        f"logits_budget: a one-token chunk at position {prefix_len} needs {prefix_len + 1} logits "
+        f"elements on one rank, over the budget of {budget_elements}"
+    )

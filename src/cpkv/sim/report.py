@@ -22,24 +22,53 @@ import numpy as np
 from ..errors import CpkvError
 
 REPORT_FIELDS = (
-    "requests_total", "requests_finished", "requests_rejected", "requests_unfinished", "prefill_tokens", "cache_hit_tokens",
-    "lane_pages_peak", "lane_imbalance_peak", "lane_imbalance_mean", "compute_imbalance",
-    "compute_imbalance_mean", "owner_lane_exhausted", "load_back_owner_lane_capacity_failed", "evicted_pages",
-    "livelock_detected", "retractions", "ttft_ms_p50", "ttft_ms_p99", "slo_attainment", "mqa_logits_peak_elements", "logits_budget_elements",
-    "logits_budget_cuts", "sim_wall_s",
-)  # fmt: skip
+    "requests_total",
+    "requests_finished",
+    "requests_rejected",
+    "requests_unfinished",
+    "prefill_tokens",
+    "cache_hit_tokens",
+    "lane_pages_peak",
+    "lane_imbalance_peak",
+    "lane_imbalance_mean",
+    "compute_imbalance",
+    "compute_imbalance_mean",
+    "owner_lane_exhausted",
+    "load_back_owner_lane_capacity_failed",
+    "evicted_pages",
+    "livelock_detected",
+    "retractions",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "slo_attainment",
+    "mqa_logits_peak_elements",
+    "logits_budget_elements",
+    "logits_budget_cuts",
+    "sim_wall_s",
+)
 """Metrics every policy's entry in ``report.json`` carries (formulas in docs/metrics.md)."""
 
 SPEC_DECODE_FIELDS = (
-    "leaked_pages", "spec_accept_length", "spec_accepted_drafts_per_step", "draft_pages_allocated",
-    "draft_pages_released", "draft_pages_per_lane", "draft_lane_imbalance",
-)  # fmt: skip
+    "leaked_pages",
+    "spec_accept_length",
+    "spec_accepted_drafts_per_step",
+    "draft_pages_allocated",
+    "draft_pages_released",
+    "draft_pages_per_lane",
+    "draft_lane_imbalance",
+)
 """Also in the table and ``summary.csv`` when the run decoded speculatively (``--spec-draft-tokens``)."""
 
 STORAGE_FIELDS = (
-    "kv_storage", "kv_capacity_tokens", "cache_hit_rate", "prefill_tokens_recomputed", "kv_allgather_bytes_per_rank",
-    "kv_remote_read_bytes_per_rank", "kv_comm_ms", "kv_comm_exposed_ms",
-)  # fmt: skip
+    "kv_storage",
+    "kv_capacity_tokens",
+    "cache_hit_rate",
+    "prefill_tokens_recomputed",
+    "kv_allgather_bytes_per_rank",
+    "kv_remote_read_bytes_per_rank",
+    "kv_comm_ms",
+    "kv_comm_exposed_ms",
+)
 """Every entry of ``report.json`` carries them; also in the table and ``summary.csv`` when the run compares KV
 storage designs (``--kv-storage``, SPEC C-STORAGE; docs/metrics.md)."""
 
@@ -106,7 +135,12 @@ def prepare_out_dir(out_dir: Path) -> None:
 
 
 def write_outputs(
-    out_dir: Path, config: dict, results: list[PolicyResult], *, pending: list[str] = (), interrupted: bool = False
+    out_dir: Path,
+    config: dict,
+    results: list[PolicyResult],
+    *,
+    pending: list[str] = (),
+    interrupted: bool = False,
 ) -> list[Path]:
     """Write ``report.json``, ``config.json``, ``summary.csv`` and ``lanes.png`` into ``out_dir``, and
     ``storage.png`` when the results compare KV storage designs.
@@ -124,8 +158,12 @@ def write_outputs(
         ReportWriteError: naming the first file that could not be written (the others were written).
     """
     status = "interrupted" if interrupted else "incomplete" if pending else "complete"
-    report = {"status": status, "policies_pending": list(pending), "config": config,
-              "policies": {r.policy: r.metrics for r in results}}  # fmt: skip
+    report = {
+        "status": status,
+        "policies_pending": list(pending),
+        "config": config,
+        "policies": {r.policy: r.metrics for r in results},
+    }
     payloads = {  # keys: OUTPUT_FILES; the plot is drawn only when it is written
         "report.json": lambda: json.dumps(report, indent=2).encode(),
         "config.json": lambda: json.dumps(config, indent=2).encode(),
@@ -149,7 +187,9 @@ def write_outputs(
         name = next(iter(failed))
         written = [n for n in payloads if n not in failed]
         note = f"wrote {', '.join(written)}" if written else "no file was written"
-        raise ReportWriteError(out_dir / name, failed[name], note=note + (f"; {len(failed) - 1} more failed" * (len(failed) > 1)))
+        raise ReportWriteError(
+            out_dir / name, failed[name], note=note + (f"; {len(failed) - 1} more failed" * (len(failed) > 1))
+        )
     return [out_dir / name for name in payloads]
 
 
@@ -195,7 +235,11 @@ def _fields(results: list[PolicyResult]) -> tuple[str, ...]:
     """``REPORT_FIELDS``, plus ``SPEC_DECODE_FIELDS`` when a result has them and ``STORAGE_FIELDS`` when the
     results compare KV storage designs."""
     spec = any("draft_pages_allocated" in r.metrics for r in results)
-    return REPORT_FIELDS + (SPEC_DECODE_FIELDS if spec else ()) + (STORAGE_FIELDS if compares_designs(results) else ())
+    return (
+        REPORT_FIELDS
+        + (SPEC_DECODE_FIELDS if spec else ())
+        + (STORAGE_FIELDS if compares_designs(results) else ())
+    )
 
 
 def _lanes_png(results: list[PolicyResult], config: dict, status: str) -> bytes:
@@ -239,7 +283,9 @@ def format_value(key: str, value: object, lanes_per_line: int = 4) -> str:
         return f"{value / 1e9:,.2f} GB"
     if isinstance(value, list):
         cells = _lane_cells(value)
-        return "\n".join(" ".join(cells[i : i + lanes_per_line]) for i in range(0, len(cells), lanes_per_line))
+        return "\n".join(
+            " ".join(cells[i : i + lanes_per_line]) for i in range(0, len(cells), lanes_per_line)
+        )
     if isinstance(value, float):
         if "_ms" in key:
             return f"{value:,.1f}"
@@ -293,7 +339,11 @@ def print_table(results: list[PolicyResult], title: str, width: int | None = Non
         name = key
         if key in ("lane_pages_peak", "draft_pages_per_lane") and cp_size > per_line:
             groups = [f"{i}-{min(i + per_line, cp_size) - 1}" for i in range(0, cp_size, per_line)]
-            lanes = f"lanes {' / '.join(groups[:2])}{' / ...' * (len(groups) > 2)}" if per_line > 1 else "lane 0 first"
+            lanes = (
+                f"lanes {' / '.join(groups[:2])}{' / ...' * (len(groups) > 2)}"
+                if per_line > 1
+                else "lane 0 first"
+            )
             name += f"\n[dim]({lanes})[/dim]"
         table.add_row(name, *(_cell(key, r.metrics, per_line) for r in results))
     console.print(table)

@@ -16,7 +16,12 @@ _I64 = np.int64
 
 
 def stuck_alone(
-    config: SimConfig, policy: str, held_pages: np.ndarray, prefix_len: int, last_page: int, extend_len: int = 1
+    config: SimConfig,
+    policy: str,
+    held_pages: np.ndarray,
+    prefix_len: int,
+    last_page: int,
+    extend_len: int = 1,
 ) -> int:
     """The lane that blocks a request's next ``extend_len`` tokens (a one-token chunk, or an MTP step's K
     slots) even with every other page of the pool free, or -1 when it could run alone.
@@ -52,7 +57,12 @@ def even_share(pages: Sequence[int] | np.ndarray, cp_size: int) -> np.ndarray:
 
 
 def reservation_short(
-    policy: str, pages_left: Sequence[int], room: np.ndarray, placed: np.ndarray | None = None, *, per_lane: bool = True
+    policy: str,
+    pages_left: Sequence[int],
+    room: np.ndarray,
+    placed: np.ndarray | None = None,
+    *,
+    per_lane: bool = True,
 ) -> str | None:
     """Whether every admitted request can still finish: None, or what is short (``"total"``, ``"lane"``).
 

@@ -106,8 +106,11 @@ def simulate(
         "workload_stats": workload_stats(workload.requests),
         **({"workload_window": workload.window} if workload.window else {}),
         "policies": list(policies),
-        **({"kv_storage": list(kv_storage), "kv_traffic": KVTraffic(cost, config.cp_size).provenance()}
-           if list(kv_storage) != [OWNER_LANE] else {}),  # fmt: skip
+        **(
+            {"kv_storage": list(kv_storage), "kv_traffic": KVTraffic(cost, config.cp_size).provenance()}
+            if list(kv_storage) != [OWNER_LANE]
+            else {}
+        ),
         **({"runs": labels} if labels != list(policies) else {}),
     }
     if out_dir is not None:
@@ -115,16 +118,24 @@ def simulate(
         load_plotting()
     results: list[PolicyResult] = []
     total = len(workload.requests)
-    title = (f"cpkv simulate: {workload.description} | C={config.cp_size} P={config.page_size} "
-             f"Q={config.pages_per_lane}{strategy_line(strategies)} | {cost_line(report_config['cost_provenance'])}")  # fmt: skip
+    title = (
+        f"cpkv simulate: {workload.description} | C={config.cp_size} P={config.page_size} "
+        f"Q={config.pages_per_lane}{strategy_line(strategies)} | {cost_line(report_config['cost_provenance'])}"
+    )
     try:
         with Progress(
-            TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            disable=not progress, transient=False,
-        ) as bar:  # fmt: skip
+            TextColumn("{task.description:>9}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            disable=not progress,
+            transient=False,
+        ) as bar:
             for label, strategy, design, policy in plan:
                 task = bar.add_task(label, total=total)
-                run = PolicyRun(replace(config, cp_strategy=strategy), policy, workload.requests, cost, kv_storage=design)
+                run = PolicyRun(
+                    replace(config, cp_strategy=strategy), policy, workload.requests, cost, kv_storage=design
+                )
                 result = run.run(on_progress=lambda n, t=task: bar.update(t, completed=n))
                 result = replace(result, policy=label, metrics={**result.metrics, "cp_strategy": strategy})
                 bar.update(task, completed=total if not result.metrics["livelock_detected"] else None)
@@ -138,7 +149,9 @@ def simulate(
             paths, error = _write(out_dir, report_config, results, labels, interrupted=True)
         if table and results:
             print_table(results, f"{title} | interrupted: {', '.join(pending)} not run")
-        raise SimulationInterrupted(SimulationResult(tuple(results), report_config, paths), pending, error) from None
+        raise SimulationInterrupted(
+            SimulationResult(tuple(results), report_config, paths), pending, error
+        ) from None
     paths, error = _write(out_dir, report_config, results, labels) if out_dir is not None else ((), None)
     if table:
         print_table(results, title)
@@ -165,14 +178,19 @@ def runs(policies: Sequence[str], kv_storage: Sequence[str]) -> list[tuple[str, 
     return out
 
 
-def replays(policies: Sequence[str], kv_storage: Sequence[str], cp_strategies: Sequence[str]) -> list[tuple[str, str, str, str]]:
+def replays(
+    policies: Sequence[str], kv_storage: Sequence[str], cp_strategies: Sequence[str]
+) -> list[tuple[str, str, str, str]]:
     """``(label, cp_strategy, design, policy)`` of each replay, in order: ``runs(policies, kv_storage)`` under
     each strategy in turn, the label prefixed ``<strategy>/`` when there is more than one. Example
     strategies [zigzag, interleave], policies [balanced], designs [owner-lane]: zigzag/balanced,
     interleave/balanced."""
     prefix = len(cp_strategies) > 1
-    return [(f"{s}/{label}" if prefix else label, s, design, policy)
-            for s in cp_strategies for label, design, policy in runs(policies, kv_storage)]  # fmt: skip
+    return [
+        (f"{s}/{label}" if prefix else label, s, design, policy)
+        for s in cp_strategies
+        for label, design, policy in runs(policies, kv_storage)
+    ]
 
 
 def strategy_line(cp_strategies: Sequence[str]) -> str:
@@ -195,15 +213,19 @@ def cost_line(provenance: dict) -> str:
     if provenance.get("cost_model") != "measured":
         return "times: illustrative constants (not a GPU's)"
     p = provenance
-    return (f"times: measured {p['gpu']} {p['model']} {p['backend']} {p['backend_version']} "
-            f"(aiconfigurator {p['aiconfigurator_version']}, EP {p['ep_size']})"
-            + (" | EXTRAPOLATED" if p.get("extrapolated") else ""))
+    return (
+        f"times: measured {p['gpu']} {p['model']} {p['backend']} {p['backend_version']} "
+        f"(aiconfigurator {p['aiconfigurator_version']}, EP {p['ep_size']})"
+        + (" | EXTRAPOLATED" if p.get("extrapolated") else "")
+    )
 
 
 def _write(out_dir, report_config, results, policies, *, interrupted=False):
     """``(paths, None)`` after writing the report of ``results``, or ``((), ReportWriteError)``."""
     try:
         pending = policies[len(results) :]
-        return tuple(write_outputs(out_dir, report_config, results, pending=pending, interrupted=interrupted)), None
+        return tuple(
+            write_outputs(out_dir, report_config, results, pending=pending, interrupted=interrupted)
+        ), None
     except ReportWriteError as e:
         return (), e

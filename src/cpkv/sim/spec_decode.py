@@ -37,7 +37,9 @@ class SpecDecoder:
             per step. accept_rate: A in [0, 1], per-draft acceptance probability. seed: run seed.
     """
 
-    def __init__(self, alloc: OwnerLaneAllocator, num_draft_tokens: int, accept_rate: float, seed: int) -> None:
+    def __init__(
+        self, alloc: OwnerLaneAllocator, num_draft_tokens: int, accept_rate: float, seed: int
+    ) -> None:
         self.alloc = alloc
         self.num_draft_tokens = num_draft_tokens
         self.accept_rate = accept_rate
@@ -56,8 +58,9 @@ class SpecDecoder:
     def count_draft(self, a: ExtendAllocation) -> ExtendAllocation:
         """Count the draft pages of a step's K-slot allocation ``a`` per lane (however it was allocated:
         ``alloc_draft``, or the plan a scheduler sized and committed); returns ``a``."""
-        self.draft_pages_per_lane += np.bincount(a.new_pages % self.alloc.config.cp_size,
-                                                 minlength=self.draft_pages_per_lane.shape[0])  # fmt: skip
+        self.draft_pages_per_lane += np.bincount(
+            a.new_pages % self.alloc.config.cp_size, minlength=self.draft_pages_per_lane.shape[0]
+        )
         return a
 
     def verify(

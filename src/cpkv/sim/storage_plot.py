@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from .lanes_plot import load_matplotlib, png_bytes
 
-COLORS = {"owner-lane": "tab:blue", "replicated": "tab:red", "interleaved": "tab:orange",
-          "interleaved-vblock": "tab:purple"}  # fmt: skip
+COLORS = {
+    "owner-lane": "tab:blue",
+    "replicated": "tab:red",
+    "interleaved": "tab:orange",
+    "interleaved-vblock": "tab:purple",
+}
 """One colour per design, in both panels."""
 
 
@@ -32,7 +36,9 @@ def storage_figure(results: list, config: dict, status: str = "complete"):
     storage metrics; ``config``: the report's config dict (title)."""
     plt = load_matplotlib()
     n = max(len(results), 1)
-    fig, (hit_ax, ttft_ax) = plt.subplots(1, 2, figsize=(12, 1.6 + 0.75 * n), sharey=True, layout="constrained")
+    fig, (hit_ax, ttft_ax) = plt.subplots(
+        1, 2, figsize=(12, 1.6 + 0.75 * n), sharey=True, layout="constrained"
+    )
     rows = list(range(len(results)))[::-1]  # the first replay on top
     colors = [COLORS.get(r.metrics.get("kv_storage"), "tab:gray") for r in results]
     rates = [100 * (r.metrics.get("cache_hit_rate") or 0.0) for r in results]
@@ -67,6 +73,8 @@ def _title(config: dict, status: str) -> str:
     cost = prov.get("cost_model", "")
     cost += f" ({prov['gpu']}, {prov['model']}, {prov['backend']})" if cost == "measured" else ""
     head = f"KV storage designs on {config.get('workload_description') or config.get('workload', '')}"
-    line = (f"C={config.get('cp_size')} ranks, P={config.get('page_size')} tokens per page, Q={q} pages of HBM per "
-            f"rank in every design; times: {cost} cost model")  # fmt: skip
+    line = (
+        f"C={config.get('cp_size')} ranks, P={config.get('page_size')} tokens per page, Q={q} pages of HBM per "
+        f"rank in every design; times: {cost} cost model"
+    )
     return f"{head}\n{line}" + (f"  [{status}]" if status != "complete" else "")

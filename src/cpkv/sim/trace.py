@@ -173,7 +173,9 @@ def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) ->
                 f"{where}: field 'timestamp' is {line.timestamp!r} ms, {arrival_ms!r} ms after the first line's: "
                 f"beyond {MAX_TIMESTAMP_MS:.0f} ms float64 cannot hold times to {TIMESTAMP_RESOLUTION_MS} ms"
             )
-        requests.append(Request(index, float(arrival_ms), line.input_length, line.output_length, line.hash_ids))
+        requests.append(
+            Request(index, float(arrival_ms), line.input_length, line.output_length, line.hash_ids)
+        )
     return requests
 
 

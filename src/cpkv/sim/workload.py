@@ -245,12 +245,20 @@ def build_workload(
     count = {} if num_requests is None else {"num_requests": num_requests}
     if num_requests is not None and name != "trace":  # a trace's lines are checked as they are read
         check_int("num_requests", num_requests, 1)
-        check_bytes(f"a {name} workload of {num_requests:,} requests", REQUEST_BYTES * num_requests, ConfigError,
-                    "lower num_requests (cpkv simulate --max-requests)")  # fmt: skip
+        check_bytes(
+            f"a {name} workload of {num_requests:,} requests",
+            REQUEST_BYTES * num_requests,
+            ConfigError,
+            "lower num_requests (cpkv simulate --max-requests)",
+        )
     if name == "trace":
         requests = load_trace(trace_path, max_requests=num_requests)  # type: ignore[arg-type]
-        return WorkloadSpec(name=name, requests=tuple(requests), chunk_pages=None,
-                            description=f"Mooncake trace {os.fspath(trace_path)}")  # type: ignore[arg-type]  # fmt: skip
+        return WorkloadSpec(
+            name=name,
+            requests=tuple(requests),
+            chunk_pages=None,
+            description=f"Mooncake trace {os.fspath(trace_path)}",
+        )  # type: ignore[arg-type]
     settings: dict = {"chunk_pages": None}
     if name == "synthetic":
         requests = synthetic_workload(seed=seed, **count)
@@ -264,8 +272,9 @@ def build_workload(
     else:
         requests = short_prompts_workload(seed=seed, page_size=page_size, **count)
         settings = {"chunk_pages": None, "pool_percent": 125}
-    return WorkloadSpec(name=name, requests=tuple(requests), description=_DESCRIPTIONS[name].format(seed=seed),
-                        **settings)  # fmt: skip
+    return WorkloadSpec(
+        name=name, requests=tuple(requests), description=_DESCRIPTIONS[name].format(seed=seed), **settings
+    )
 
 
 # --------------------------------------------------------------------------------------------- stats
@@ -304,4 +313,3 @@ def workload_stats(requests: Sequence[Request]) -> dict[str, int | float]:
         "duration_ms": float(arrival.max() - arrival.min()),
         "repeated_block_share": repeated / blocks.size if blocks.size else 0.0,
     }
-

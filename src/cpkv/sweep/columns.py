@@ -12,12 +12,15 @@ out of ``results.csv`` / ``results.json`` so that those are identical whichever 
 DERIVED_FIELDS = ("gpus",)
 """``gpus = cp_size * groups``."""
 
-METRIC_FIELDS = tuple(f for f in (*REPORT_FIELDS, *STORAGE_FIELDS) if f not in TIMING_FIELDS and f != "kv_storage")
+METRIC_FIELDS = tuple(
+    f for f in (*REPORT_FIELDS, *STORAGE_FIELDS) if f not in TIMING_FIELDS and f != "kv_storage"
+)
 """The metric columns of ``results.csv``, in order (the design, ``kv_storage``, is a settings column);
 ``SPEC_DECODE_FIELDS`` follow when a point has them."""
 
 TARGET_METRICS = tuple(
-    f for f in (*METRIC_FIELDS, *SPEC_DECODE_FIELDS, "gpus")
+    f
+    for f in (*METRIC_FIELDS, *SPEC_DECODE_FIELDS, "gpus")
     if f not in ("lane_pages_peak", "draft_pages_per_lane", "livelock_detected")
-)  # fmt: skip
+)
 """Numeric columns a ``target`` may bound (``ttft_ms_p99 <= 2000``, ``gpus <= 64``)."""

@@ -27,8 +27,11 @@ RAY_OBJECT_STORE_BYTES = 256 * 2**20
 """Object store of a Ray that the sweep starts itself (Ray's default is 30 % of the machine's memory):
 it holds the shipment once (the full Mooncake trace is about 4 MB pickled, the measured tables 50 kB)."""
 
+
 # ----------------------------------------------------------------------------------------------- local
-def run_local(tasks: Sequence[PointTask], shipment: Shipment, workers: int | None, on_result: OnResult) -> None:
+def run_local(
+    tasks: Sequence[PointTask], shipment: Shipment, workers: int | None, on_result: OnResult
+) -> None:
     """Replay ``tasks`` on ``workers`` spawned processes (default ``cpu_count()``, at most one per task):
     ``pool.run_pool``. A worker lost under a point costs that point only. Raises KeyboardInterrupt after
     stopping the workers."""
@@ -57,8 +60,9 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise InputError("--executor ray needs Ray: pip install '.[ray]' in a cpkv checkout "
-                         "(or use --executor local)") from None
+        raise InputError(
+            "--executor ray needs Ray: pip install '.[ray]' in a cpkv checkout (or use --executor local)"
+        ) from None
     return ray
 
 
@@ -106,8 +110,13 @@ def check_ray_address(address: str | None, timeout_s: float = RAY_CONNECT_TIMEOU
         ) from None
 
 
-def run_ray(tasks: Sequence[PointTask], shipment: Shipment, workers: int | None, address: str | None,
-            on_result: OnResult) -> None:  # fmt: skip
+def run_ray(
+    tasks: Sequence[PointTask],
+    shipment: Shipment,
+    workers: int | None,
+    address: str | None,
+    on_result: OnResult,
+) -> None:
     """Replay ``tasks`` on Ray actors, one CPU each: ``workers`` of them (default: the cluster's CPUs, at
     most one per task). ``address``: an existing cluster (``ray start --head`` prints it; ``auto`` finds
     one on this machine); None starts a local Ray of ``workers`` (default ``cpu_count()``) CPUs, shut
@@ -119,11 +128,20 @@ def run_ray(tasks: Sequence[PointTask], shipment: Shipment, workers: int | None,
     ray = import_ray()
     started = not ray.is_initialized()
     if started:
-        local = {} if address else {"num_cpus": workers or cpu_count(),
-                                    "object_store_memory": RAY_OBJECT_STORE_BYTES}  # fmt: skip
+        local = (
+            {}
+            if address
+            else {"num_cpus": workers or cpu_count(), "object_store_memory": RAY_OBJECT_STORE_BYTES}
+        )
         try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                     configure_logging=True, **local)  # fmt: skip
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level="ERROR",
+                configure_logging=True,
+                **local,
+            )
         except ConnectionError as e:  # e.g. the cluster went away since check_ray_address
             raise InputError(f"--ray-address {address}: {one_line(e)}") from None
     actors: list = []

@@ -31,8 +31,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 SWEEP_KEYS = {
-    "groups": "CP groups that share the workload (C x groups GPUs); default 1; \"search\" or {search = [lo, hi]}: "
-              "the fewest groups that meet the target, by bisection (sweep/search.py)",
+    "groups": 'CP groups that share the workload (C x groups GPUs); default 1; "search" or {search = [lo, hi]}: '
+    "the fewest groups that meet the target, by bisection (sweep/search.py)",
     "routing": f"how requests go to the groups: {' | '.join(ROUTINGS)}; default {ROUTINGS[0]}",
 }
 """Grid keys of the sweep itself (not ``cpkv simulate`` settings), with what they mean."""
@@ -48,7 +48,9 @@ TOP_LEVEL = ("target", "workload", "grid", "exclude")
 """The grid file's top-level keys and tables."""
 
 _OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq}
-_CONDITION = re.compile(r"^\s*([a-z][a-z0-9_]*)\s*(<=|>=|==|<|>)\s*([-+]?[0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*$")
+_CONDITION = re.compile(
+    r"^\s*([a-z][a-z0-9_]*)\s*(<=|>=|==|<|>)\s*([-+]?[0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*$"
+)
 
 
 class GridError(InputError):
@@ -131,7 +133,7 @@ class Grid:
 
 def _same(value: object, values: tuple) -> bool:
     """``value`` is one of ``values``, a list of per-lane pages comparing as a tuple."""
-    norm = (lambda v: tuple(v) if isinstance(v, (list, tuple)) else v)  # noqa: E731
+    norm = lambda v: tuple(v) if isinstance(v, (list, tuple)) else v  # noqa: E731
     return norm(value) in {norm(v) for v in values}
 
 
@@ -153,11 +155,13 @@ def read_grid(path: Path, max_points: int = MAX_POINTS) -> Grid:
     workload = _workload(doc.get("workload", {}), Path(path).parent, where)
     grid = _table(doc.get("grid"), "[grid]", where)
     if not grid:
-        raise GridError(f"{where} [grid] is missing or empty: give lists of settings to sweep, e.g. cp_size = [4, 8]")
+        raise GridError(
+            f"{where} [grid] is missing or empty: give lists of settings to sweep, e.g. cp_size = [4, 8]"
+        )
     axes, given = {}, {}
     search = _search(grid.pop("groups", None), where) if _is_search(grid.get("groups")) else None
     if search is not None and doc.get("target") is None:
-        raise GridError(f"{where} groups = \"search\" needs a target: the fewest groups that meet what?")
+        raise GridError(f'{where} groups = "search" needs a target: the fewest groups that meet what?')
     for key, raw in grid.items():
         values, converted = _values(key, raw, f"{where} [grid] {key}")
         if not values:
@@ -173,8 +177,10 @@ def read_grid(path: Path, max_points: int = MAX_POINTS) -> Grid:
         size *= len(values)
     if size > max_points:
         sizes = " x ".join(f"{len(v):,} {k}" for k, v in axes.items())
-        raise GridError(f"{where} the grid has {size:,} points ({sizes}), above the limit of {max_points:,}: "
-                        "narrow it, or raise the limit with --max-points")  # fmt: skip
+        raise GridError(
+            f"{where} the grid has {size:,} points ({sizes}), above the limit of {max_points:,}: "
+            "narrow it, or raise the limit with --max-points"
+        )
     raw_rules = doc.get("exclude", [])
     if not isinstance(raw_rules, list) or not all(isinstance(r, dict) for r in raw_rules):
         raise GridError(f"{where} exclude must be [[exclude]] tables")
@@ -185,8 +191,10 @@ def read_grid(path: Path, max_points: int = MAX_POINTS) -> Grid:
         excludes.append({k: tuple(_values(k, rule[k], f"{where} [[exclude]] #{n} {k}")[1]) for k in rule})
     target = _target(doc.get("target"), where)
     if target and "ttft_slo_ms" not in axes and any(m == "slo_attainment" for m, _, _ in target.conditions):
-        raise GridError(f"{where} target {target.text!r} needs ttft_slo_ms in [grid] (ms, as --ttft-slo-ms): "
-                        "without it slo_attainment is null and no point meets the target")  # fmt: skip
+        raise GridError(
+            f"{where} target {target.text!r} needs ttft_slo_ms in [grid] (ms, as --ttft-slo-ms): "
+            "without it slo_attainment is null and no point meets the target"
+        )
     parsed = Grid(Path(path), text, workload, axes, given, tuple(excludes), target, search)
     if not parsed.points():
         raise GridError(f"{where} the [[exclude]] rules exclude every point of the grid")
@@ -202,11 +210,18 @@ def _search(raw: object, where: str) -> tuple[int, int]:
     if raw == "search":
         return SEARCH_BOUNDS
     bounds = raw.get("search")
-    ok = (len(raw) == 1 and isinstance(bounds, list) and len(bounds) == 2
-          and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds) and 1 <= bounds[0] <= bounds[1])  # fmt: skip
+    ok = (
+        len(raw) == 1
+        and isinstance(bounds, list)
+        and len(bounds) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)
+        and 1 <= bounds[0] <= bounds[1]
+    )
     if not ok:
-        raise GridError(f"{where} [grid] groups: a search is \"search\" or {{search = [lo, hi]}} with 1 <= lo <= hi, "
-                        f"got {raw!r}")  # fmt: skip
+        raise GridError(
+            f'{where} [grid] groups: a search is "search" or {{search = [lo, hi]}} with 1 <= lo <= hi, '
+            f"got {raw!r}"
+        )
     return bounds[0], bounds[1]
 
 
@@ -264,7 +279,9 @@ def convert(key: str, value: object, where: str) -> object:
         converted = option.process_value(ctx, (value,) if option.multiple else value)
     except click.BadParameter as e:
         raise GridError(f"{where}: {e.message}") from None
-    return converted[0] if option.multiple else converted  # --policy, --kv-storage, --cp-strategy: one a point
+    return (
+        converted[0] if option.multiple else converted
+    )  # --policy, --kv-storage, --cp-strategy: one a point
 
 
 def _workload(table: object, base: Path, where: str) -> dict:
@@ -283,7 +300,9 @@ def _workload(table: object, base: Path, where: str) -> dict:
         elif key == "trace":
             if not isinstance(value, str) or not value:
                 raise GridError(f"{where} [workload] trace must be a file path, got {value!r}")
-            out[key] = base / Path(value).expanduser() if not Path(value).expanduser().is_absolute() else Path(value)
+            out[key] = (
+                base / Path(value).expanduser() if not Path(value).expanduser().is_absolute() else Path(value)
+            )
         else:
             out[key] = _workload_value(options[key], value, f"{where} [workload] {key}")
     return out
@@ -311,7 +330,7 @@ def _target(value: object, where: str) -> Target | None:
         return None
     texts = value if isinstance(value, list) else [value]
     if not texts or not all(isinstance(t, str) for t in texts):
-        raise GridError(f"{where} target must be a string like \"ttft_ms_p99 <= 2000\" or a list of them")
+        raise GridError(f'{where} target must be a string like "ttft_ms_p99 <= 2000" or a list of them')
     conditions = []
     for text in texts:
         m = _CONDITION.match(text)
@@ -319,7 +338,9 @@ def _target(value: object, where: str) -> Target | None:
             raise GridError(f"{where} target {text!r} is not 'metric op number' (op: {', '.join(_OPS)})")
         metric, op, number = m.groups()
         if metric not in TARGET_METRICS:
-            raise GridError(f"{where} target {text!r}: {metric!r} is not a numeric metric; use one of "
-                            f"{', '.join(TARGET_METRICS)}")  # fmt: skip
+            raise GridError(
+                f"{where} target {text!r}: {metric!r} is not a numeric metric; use one of "
+                f"{', '.join(TARGET_METRICS)}"
+            )
         conditions.append((metric, op, float(number.replace("_", ""))))
     return Target(tuple(conditions))

@@ -30,18 +30,48 @@ N = 4 the groups get 461 to 528 requests)."""
 
 _SUM, _MAX, _ANY, _SAME, _LANES_MAX, _LANES_SUM = "sum", "max", "any", "same", "lanes-max", "lanes-sum"
 RULES: dict[str, object] = {
-    **dict.fromkeys((
-        "requests_total", "requests_finished", "requests_rejected", "prefill_tokens", "cache_hit_tokens",
-        "owner_lane_exhausted", "load_back_owner_lane_capacity_failed", "evicted_pages", "retractions",
-        "logits_budget_cuts", "sim_wall_s", "steps", "leaked_pages", "load_back_pages", "host_backups",
-        "spec_verify_steps", "draft_pages_allocated", "draft_pages_released", "prefill_tokens_recomputed",
-        "kv_capacity_tokens", "requests_unfinished",
-    ), _SUM),
-    **dict.fromkeys((
-        "lane_imbalance_peak", "lane_imbalance_mean", "compute_imbalance", "compute_imbalance_mean",
-        "mqa_logits_peak_elements", "sim_time_ms", "draft_lane_imbalance", "kv_allgather_bytes_per_rank",
-        "kv_remote_read_bytes_per_rank", "kv_comm_ms", "kv_comm_exposed_ms",
-    ), _MAX),
+    **dict.fromkeys(
+        (
+            "requests_total",
+            "requests_finished",
+            "requests_rejected",
+            "prefill_tokens",
+            "cache_hit_tokens",
+            "owner_lane_exhausted",
+            "load_back_owner_lane_capacity_failed",
+            "evicted_pages",
+            "retractions",
+            "logits_budget_cuts",
+            "sim_wall_s",
+            "steps",
+            "leaked_pages",
+            "load_back_pages",
+            "host_backups",
+            "spec_verify_steps",
+            "draft_pages_allocated",
+            "draft_pages_released",
+            "prefill_tokens_recomputed",
+            "kv_capacity_tokens",
+            "requests_unfinished",
+        ),
+        _SUM,
+    ),
+    **dict.fromkeys(
+        (
+            "lane_imbalance_peak",
+            "lane_imbalance_mean",
+            "compute_imbalance",
+            "compute_imbalance_mean",
+            "mqa_logits_peak_elements",
+            "sim_time_ms",
+            "draft_lane_imbalance",
+            "kv_allgather_bytes_per_rank",
+            "kv_remote_read_bytes_per_rank",
+            "kv_comm_ms",
+            "kv_comm_exposed_ms",
+        ),
+        _MAX,
+    ),
     "livelock_detected": _ANY,
     "logits_budget_elements": _SAME,
     "kv_storage": _SAME,
@@ -57,7 +87,7 @@ RULES: dict[str, object] = {
     "rejection_reasons": "counts",
     "rejections": "merged",
     "livelock": "per-group",
-}  # fmt: skip
+}
 """How each metric of ``cpkv simulate``'s report combines over groups: ``sum``; ``max`` (the worst group;
 None where every group has None); ``any``; ``same`` (one value for all); ``lanes-max`` / ``lanes-sum``
 (per lane, over groups); ``("pooled", q)``: the q-th percentile of every group's requests' TTFTs, the
@@ -155,4 +185,6 @@ def _combine(rule, values: list, metrics: Sequence[dict], pooled: np.ndarray, un
         return None
     weights = [m.get(arg) or 0 for m in metrics]
     total_w = sum(weights)
-    return sum(w * (v or 0.0) for w, v in zip(weights, values, strict=True)) / total_w if total_w else values[0]
+    return (
+        sum(w * (v or 0.0) for w, v in zip(weights, values, strict=True)) / total_w if total_w else values[0]
+    )

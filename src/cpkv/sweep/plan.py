@@ -52,7 +52,11 @@ class SweepPlan:
 def config_columns() -> list[str]:
     """The config columns of the results: ``cpkv simulate``'s settings (``setting_options``, the workload's
     left out), then ``groups``, ``routing``, ``gpus``."""
-    return [k for k, o in setting_options().items() if o.name not in WORKLOAD_OPTIONS] + ["groups", "routing", "gpus"]
+    return [k for k, o in setting_options().items() if o.name not in WORKLOAD_OPTIONS] + [
+        "groups",
+        "routing",
+        "gpus",
+    ]
 
 
 def resolved(options: dict, config: SimConfig | None) -> dict:
@@ -118,10 +122,19 @@ def plan_sweep(grid: Grid, points: list[dict] | None = None) -> SweepPlan:
             plan.workloads[specs[ident][1]] = spec
         spec, digest = specs[ident]
         if groups > len(spec.requests):  # before any split or replay: a group of no request is no CP group
-            raise GridError(f"{grid.path}: groups = {groups:,} splits a workload of {len(spec.requests):,} requests: "
-                            f"{groups - len(spec.requests):,} groups would get none; at most one group per request")  # fmt: skip
-        row = {"point": None, "status": None, "error": None, "key": None,
-               "_settings": {k: g for k, (_, g) in point.items()}, "_sim_config": None, "_provenance": None}  # fmt: skip
+            raise GridError(
+                f"{grid.path}: groups = {groups:,} splits a workload of {len(spec.requests):,} requests: "
+                f"{groups - len(spec.requests):,} groups would get none; at most one group per request"
+            )
+        row = {
+            "point": None,
+            "status": None,
+            "error": None,
+            "key": None,
+            "_settings": {k: g for k, (_, g) in point.items()},
+            "_sim_config": None,
+            "_provenance": None,
+        }
         try:
             config, provenance = config_of(options, spec), None
         except CostExtraMissing:
@@ -145,7 +158,10 @@ def plan_sweep(grid: Grid, points: list[dict] | None = None) -> SweepPlan:
                     provenance_of[cost_id] = cost.provenance()
                     if config.measured is not None:
                         plan.price_tables[config.measured, config.cp_size] = cost.tables
-                provenance = {**provenance_of[cost_id], **coverage(config, spec.requests)}  # what is extrapolated
+                provenance = {
+                    **provenance_of[cost_id],
+                    **coverage(config, spec.requests),
+                }  # what is extrapolated
         except CostExtraMissing:
             raise
         except CpkvError as e:
@@ -159,8 +175,12 @@ def plan_sweep(grid: Grid, points: list[dict] | None = None) -> SweepPlan:
             row["_sim_config"], row["_provenance"] = config.to_dict(), provenance
             row["_kv_tokens_per_gpu"] = sum(config.lane_capacities) / config.cp_size * config.page_size
             design = values.get("kv_storage", OWNER_LANE)
-            key = row["key"] = point_key(digest, config, values["policy"], groups, routing, provenance, design)
-            plan.tasks.setdefault(key, PointTask(key, digest, config, values["policy"], groups, routing, design))
+            key = row["key"] = point_key(
+                digest, config, values["policy"], groups, routing, provenance, design
+            )
+            plan.tasks.setdefault(
+                key, PointTask(key, digest, config, values["policy"], groups, routing, design)
+            )
         plan.rows.append(row)
     if not plan.rows:
         raise GridError(f"{grid.path}: the [[exclude]] rules exclude every point of the grid")

@@ -56,25 +56,67 @@ def pareto_png(rows: Sequence[dict], varied: Sequence[str], target, title: str) 
         ax.plot(xs, ys, "-", color=st.colour, lw=st.line_width, zorder=z)
         for r, x, y in zip(members, xs, ys, strict=True):
             served = meets(r, None)
-            ax.plot(x, y, st.marker if served else "x", color=st.colour, ms=st.size, mec="white" if served else None,
-                    mew=0.6 if served else 2, zorder=z)  # fmt: skip
+            ax.plot(
+                x,
+                y,
+                st.marker if served else "x",
+                color=st.colour,
+                ms=st.size,
+                mec="white" if served else None,
+                mew=0.6 if served else 2,
+                zorder=z,
+            )
             if (r.get("_provenance") or {}).get("extrapolated"):  # priced past the measured tables
                 ax.plot(x, y, "o", mfc="none", mec="black", ms=st.size + 5, mew=0.8, zorder=z)
     handles, legend_title = legend_handles(styles)
-    handles += [Line2D([], [], ls="", marker="x", color="grey", mew=2, label="x: left requests unserved (rejected or livelock)")]
+    handles += [
+        Line2D(
+            [],
+            [],
+            ls="",
+            marker="x",
+            color="grey",
+            mew=2,
+            label="x: left requests unserved (rejected or livelock)",
+        )
+    ]
     if any((r.get("_provenance") or {}).get("extrapolated") for rs in by.values() for r in rs):
-        handles += [Line2D([], [], ls="", marker="o", mfc="none", mec="black", ms=11, label="ringed: priced past the measured tables")]
+        handles += [
+            Line2D(
+                [],
+                [],
+                ls="",
+                marker="o",
+                mfc="none",
+                mec="black",
+                ms=11,
+                label="ringed: priced past the measured tables",
+            )
+        ]
     front = pareto_front(rows)
     if front:
         fx, fy = [r["gpus"] for r in front], [r["ttft_ms_p99"] / 1000 for r in front]
-        (line,) = ax.step(fx, fy, where="post", color="black", lw=2, label="Pareto front (serves every request)", zorder=20)
+        (line,) = ax.step(
+            fx, fy, where="post", color="black", lw=2, label="Pareto front (serves every request)", zorder=20
+        )
         handles.append(line)
         for r, x, y in zip(front, fx, fy, strict=True):
-            ax.annotate(_label(design_of(r, varied)), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7)
-    bound = [v for m, op, v in (target.conditions if target else ()) if m == "ttft_ms_p99" and op in ("<", "<=")]
+            ax.annotate(
+                _label(design_of(r, varied)), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7
+            )
+    bound = [
+        v for m, op, v in (target.conditions if target else ()) if m == "ttft_ms_p99" and op in ("<", "<=")
+    ]
     if bound:
-        handles.append(ax.axhline(min(bound) / 1000, color="tab:red", ls="--", lw=1.2,
-                                  label=f"target: ttft_ms_p99 <= {min(bound):g}"))  # fmt: skip
+        handles.append(
+            ax.axhline(
+                min(bound) / 1000,
+                color="tab:red",
+                ls="--",
+                lw=1.2,
+                label=f"target: ttft_ms_p99 <= {min(bound):g}",
+            )
+        )
     gpus = sorted({r["gpus"] for rs in by.values() for r in rs})
     if gpus:
         from matplotlib.ticker import FuncFormatter, NullLocator
@@ -91,8 +133,15 @@ def pareto_png(rows: Sequence[dict], varied: Sequence[str], target, title: str) 
     ax.set_ylabel("TTFT p99 (s, simulated)")
     ax.set_title(title.replace(" | ", "\n"), fontsize=10, loc="left")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(handles=handles, title=legend_title or None, title_fontsize=7, fontsize=7, loc="center left",
-              bbox_to_anchor=(1.01, 0.5), frameon=False)  # fmt: skip
+    ax.legend(
+        handles=handles,
+        title=legend_title or None,
+        title_fontsize=7,
+        fontsize=7,
+        loc="center left",
+        bbox_to_anchor=(1.01, 0.5),
+        frameon=False,
+    )
     return _png(fig)
 
 
@@ -108,8 +157,9 @@ def hit_rate_png(rows: Sequence[dict], varied: Sequence[str], title: str) -> byt
     keys = [k for k in varied if k not in ("pages_per_lane", "page_size", "groups")]
     ran = [r for r in rows if r["status"] == "ok" and r.get("cache_hit_rate") is not None]
     groups = sorted({r["groups"] for r in ran})[:MAX_PANELS] or [1]
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups) + 3, 4.6), layout="constrained",
-                             sharey=True, squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1, len(groups), figsize=(4.2 * len(groups) + 3, 4.6), layout="constrained", sharey=True, squeeze=False
+    )
     styles = series_styles(list({design_of(r, keys): None for r in ran}))
     for ax, g in zip(axes[0], groups, strict=True):
         by: dict[tuple, list[dict]] = {}
@@ -119,9 +169,18 @@ def hit_rate_png(rows: Sequence[dict], varied: Sequence[str], title: str) -> byt
         for design, members in sorted(by.items(), key=lambda kv: _label(kv[0])):
             st = styles[design]
             members.sort(key=lambda r: r["_kv_tokens_per_gpu"])
-            ax.plot([r["_kv_tokens_per_gpu"] for r in members], [r["cache_hit_rate"] for r in members], "-",
-                    marker=st.marker, ms=st.size, mec="white", mew=0.6, lw=st.line_width, color=st.colour,
-                    zorder=3 + (9 - st.size))  # fmt: skip
+            ax.plot(
+                [r["_kv_tokens_per_gpu"] for r in members],
+                [r["cache_hit_rate"] for r in members],
+                "-",
+                marker=st.marker,
+                ms=st.size,
+                mec="white",
+                mew=0.6,
+                lw=st.line_width,
+                color=st.colour,
+                zorder=3 + (9 - st.size),
+            )
         if by:
             sizes = sorted({r["_kv_tokens_per_gpu"] for rs in by.values() for r in rs})
             ax.set_xscale("log", base=2)
@@ -138,8 +197,14 @@ def hit_rate_png(rows: Sequence[dict], varied: Sequence[str], title: str) -> byt
     fig.suptitle(title.replace(" | ", "\n"), fontsize=10, x=0.01, ha="left")
     handles, legend_title = legend_handles(styles)
     if handles:
-        fig.legend(handles=handles, title=legend_title or None, title_fontsize=7, fontsize=7,
-                   loc="outside right center", frameon=False)  # fmt: skip
+        fig.legend(
+            handles=handles,
+            title=legend_title or None,
+            title_fontsize=7,
+            fontsize=7,
+            loc="outside right center",
+            frameon=False,
+        )
     return _png(fig)
 
 

@@ -86,16 +86,28 @@ def workload_digest(requests) -> str:
     return hashlib.sha256(msgspec.json.encode(list(requests))).hexdigest()[:24]
 
 
-def point_key(digest: str, config: SimConfig, policy: str, groups: int, routing: str, provenance: dict,
-              kv_storage: str = OWNER_LANE) -> str:  # fmt: skip
+def point_key(
+    digest: str,
+    config: SimConfig,
+    policy: str,
+    groups: int,
+    routing: str,
+    provenance: dict,
+    kv_storage: str = OWNER_LANE,
+) -> str:
     """The key of a point's result (hex, 24 digits): see the module docstring. ``routing`` counts only
     when ``groups > 1`` (one group routes nothing), ``policy`` only under owner-lane (the other designs
     place pages their own way: one replay whatever the policy)."""
     payload = {
-        "cpkv": CPKV_VERSION, "workload": digest, "config": config.to_dict(), "kv_storage": kv_storage,
-        "policy": policy if kv_storage == OWNER_LANE else None, "groups": groups,
-        "routing": routing if groups > 1 else None, "cost": provenance,
-    }  # fmt: skip
+        "cpkv": CPKV_VERSION,
+        "workload": digest,
+        "config": config.to_dict(),
+        "kv_storage": kv_storage,
+        "policy": policy if kv_storage == OWNER_LANE else None,
+        "groups": groups,
+        "routing": routing if groups > 1 else None,
+        "cost": provenance,
+    }
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -112,21 +124,39 @@ def run_task(task: PointTask, workloads: dict) -> dict:
     from ..sim.runner import simulate as run_simulation
 
     t0 = time.perf_counter()
-    out = {"key": task.key, "status": "ok", "error": None, "metrics": None, "per_group": None,
-           "cpkv_version": CPKV_VERSION}  # fmt: skip
+    out = {
+        "key": task.key,
+        "status": "ok",
+        "error": None,
+        "metrics": None,
+        "per_group": None,
+        "cpkv_version": CPKV_VERSION,
+    }
     try:
         spec = workloads[task.workload]
         metrics, ttft = [], []
         for g, requests in enumerate(split(spec.requests, task.groups, task.routing)):
-            part = spec if task.groups == 1 else replace(
-                spec, requests=requests, description=f"{spec.description}, group {g + 1} of {task.groups}")
-            result = run_simulation(task.config, part, [task.policy], kv_storage=[task.kv_storage], progress=False,
-                                    table=False).results[0]  # fmt: skip
+            part = (
+                spec
+                if task.groups == 1
+                else replace(
+                    spec, requests=requests, description=f"{spec.description}, group {g + 1} of {task.groups}"
+                )
+            )
+            result = run_simulation(
+                task.config, part, [task.policy], kv_storage=[task.kv_storage], progress=False, table=False
+            ).results[0]
             metrics.append(result.metrics)
             ttft.append(result.ttft_ms)
         out["metrics"] = combine(metrics, ttft)
-        out["per_group"] = [{"requests_total": m["requests_total"], "requests_finished": m["requests_finished"],
-                             "ttft_ms_p99": m["ttft_ms_p99"]} for m in metrics]  # fmt: skip
+        out["per_group"] = [
+            {
+                "requests_total": m["requests_total"],
+                "requests_finished": m["requests_finished"],
+                "ttft_ms_p99": m["ttft_ms_p99"],
+            }
+            for m in metrics
+        ]
     except Exception as e:  # a bad combination: the point's result, not the sweep's end
         out["status"], out["error"] = "failed", one_line(e)
     out["wall_s"] = round(time.perf_counter() - t0, 3)

@@ -26,8 +26,15 @@ OnResult = Callable[[PointTask, dict], None]
 
 def lost(task: PointTask, why: str) -> dict:
     """The result of a point whose worker was lost (``status: "lost"``, not stored: a re-run retries it)."""
-    return {"key": task.key, "status": "lost", "error": f"the worker was lost: {why}", "metrics": None,
-            "per_group": None, "wall_s": None, "cpkv_version": None}  # fmt: skip
+    return {
+        "key": task.key,
+        "status": "lost",
+        "error": f"the worker was lost: {why}",
+        "metrics": None,
+        "per_group": None,
+        "wall_s": None,
+        "cpkv_version": None,
+    }
 
 
 def _serve(conn) -> None:

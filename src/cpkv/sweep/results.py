@@ -24,8 +24,10 @@ SUMMARY_SHOWN = 15
 def meets(row: dict, target) -> bool:
     """Whether a point meets ``target`` (a ``grid.Target`` or None): it ran, served every request (none
     rejected, no livelock) and meets every condition."""
-    if row.get("status") != "ok" or row.get("livelock_detected") or row.get("requests_finished") != row.get(
-        "requests_total"
+    if (
+        row.get("status") != "ok"
+        or row.get("livelock_detected")
+        or row.get("requests_finished") != row.get("requests_total")
     ):
         return False
     return target is None or target.holds(row)
@@ -72,12 +74,20 @@ def results_json(rows: Sequence[dict], records: Sequence[dict | None], header: d
         metrics = None
         if record is not None and record.get("metrics") is not None:
             metrics = {k: v for k, v in record["metrics"].items() if k not in TIMING_FIELDS}
-        points.append({
-            "point": row["point"], "key": row.get("key"), "status": row["status"], "error": row["error"],
-            "settings": row["_settings"], "config": row["_config"], "sim_config": row["_sim_config"],
-            "cost_provenance": row["_provenance"], "metrics": metrics,
-            "per_group": record.get("per_group") if record else None,
-        })  # fmt: skip
+        points.append(
+            {
+                "point": row["point"],
+                "key": row.get("key"),
+                "status": row["status"],
+                "error": row["error"],
+                "settings": row["_settings"],
+                "config": row["_config"],
+                "sim_config": row["_sim_config"],
+                "cost_provenance": row["_provenance"],
+                "metrics": metrics,
+                "per_group": record.get("per_group") if record else None,
+            }
+        )
     return json.dumps({**header, "points": points}, indent=1, default=str) + "\n"
 
 
@@ -85,8 +95,11 @@ def design_of(row: dict, varied: Sequence[str]) -> tuple:
     """The design of a point: its values of the varied grid keys other than ``groups``; ``policy`` None where
     the replay has no owner policy (a KV storage design other than owner-lane places pages its own way, so
     its points under two policies are one design, one row of the table)."""
-    return tuple((k, None if k == "policy" and row.get("policy") is None else row["_settings"][k])
-                 for k in varied if k != "groups")  # fmt: skip
+    return tuple(
+        (k, None if k == "policy" and row.get("policy") is None else row["_settings"][k])
+        for k in varied
+        if k != "groups"
+    )
 
 
 def designs(rows: Sequence[dict], varied: Sequence[str], target) -> list[dict]:
@@ -103,8 +116,13 @@ def designs(rows: Sequence[dict], varied: Sequence[str], target) -> list[dict]:
         best = fit[0] if fit else min(ran, key=_p99, default=None)
         out.append({**dict(design), "fits": bool(fit), "row": best, "failed": len(members) - len(ran)})
     inf = float("inf")
-    out.sort(key=lambda d: (not d["fits"], d["row"]["gpus"] if d["fits"] else inf,
-                            _p99(d["row"]) if d["row"] else inf))  # fmt: skip
+    out.sort(
+        key=lambda d: (
+            not d["fits"],
+            d["row"]["gpus"] if d["fits"] else inf,
+            _p99(d["row"]) if d["row"] else inf,
+        )
+    )
     return out
 
 
@@ -114,8 +132,16 @@ def _p99(row: dict) -> float:
     return float("inf") if p99 is None else p99
 
 
-SUMMARY_METRICS = ("groups", "gpus", "requests_finished", "requests_total", "ttft_ms_p50", "ttft_ms_p99",
-                   "cache_hit_rate", "compute_imbalance")  # fmt: skip
+SUMMARY_METRICS = (
+    "groups",
+    "gpus",
+    "requests_finished",
+    "requests_total",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "cache_hit_rate",
+    "compute_imbalance",
+)
 """The chosen point's columns in the designs table (the console joins the two request counts as ``served``)."""
 
 
@@ -128,8 +154,12 @@ def summary_csv(table: list[dict], varied: Sequence[str]) -> str:
     writer.writerow([*keys, "fits", *SUMMARY_METRICS, "point"])
     for d in table:
         row = d["row"] or {}
-        writer.writerow([_cell(k, d[k]) for k in keys] + [d["fits"]]
-                        + [_cell(m, row.get(m)) for m in SUMMARY_METRICS] + [row.get("point", "")])  # fmt: skip
+        writer.writerow(
+            [_cell(k, d[k]) for k in keys]
+            + [d["fits"]]
+            + [_cell(m, row.get(m)) for m in SUMMARY_METRICS]
+            + [row.get("point", "")]
+        )
     return buf.getvalue()
 
 
@@ -145,7 +175,9 @@ def pareto_front(rows: Sequence[dict]) -> list[dict]:
     return front
 
 
-def print_summary(table: list[dict], varied: Sequence[str], title: str, target, width: int | None = None) -> None:
+def print_summary(
+    table: list[dict], varied: Sequence[str], title: str, target, width: int | None = None
+) -> None:
     """Print the designs table (rich): at most ``SUMMARY_SHOWN`` rows, best first."""
     import os
 
@@ -159,7 +191,9 @@ def print_summary(table: list[dict], varied: Sequence[str], title: str, target, 
     for k in keys:
         out.add_column(k, no_wrap=True)
     out.add_column("fits" if target is not None else "serves all", justify="center")
-    shown = [m for m in SUMMARY_METRICS if m not in ("requests_finished", "requests_total", "compute_imbalance")]
+    shown = [
+        m for m in SUMMARY_METRICS if m not in ("requests_finished", "requests_total", "compute_imbalance")
+    ]
     for m in ("served", *shown):
         out.add_column(m, justify="right")
     for d in table[:SUMMARY_SHOWN]:

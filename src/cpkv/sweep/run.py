@@ -54,9 +54,17 @@ class SweepOutcome:
     wall_s: float
 
 
-def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | None = None,
-          ray_address: str | None = None, progress: bool = True, retry_failed: bool = False,
-          table: bool = True) -> SweepOutcome:  # fmt: skip
+def sweep(
+    grid: Grid,
+    out_dir: Path,
+    *,
+    executor: str = "local",
+    workers: int | None = None,
+    ray_address: str | None = None,
+    progress: bool = True,
+    retry_failed: bool = False,
+    table: bool = True,
+) -> SweepOutcome:
     """Sweep ``grid`` into ``out_dir`` (see the module docstring).
 
     Args:
@@ -90,13 +98,19 @@ def sweep(grid: Grid, out_dir: Path, *, executor: str = "local", workers: int | 
         replay.status, terminated = "interrupted", isinstance(e, SweepTerminated)
         plan = plan or replay.merged(grid)
     rows = _fill(plan, replay.records, replay.lost)
-    paths = _write(out_dir, grid, plan, rows, [replay.records.get(r["key"]) for r in rows], replay.status, found)
-    outcome = SweepOutcome(rows, replay.replayed, replay.stored, replay.failed, paths, time.perf_counter() - t0)
+    paths = _write(
+        out_dir, grid, plan, rows, [replay.records.get(r["key"]) for r in rows], replay.status, found
+    )
+    outcome = SweepOutcome(
+        rows, replay.replayed, replay.stored, replay.failed, paths, time.perf_counter() - t0
+    )
     if replay.status == "interrupted":
         finished = sum(1 for r in rows if r["status"] in ("ok", "failed"))
-        raise SweepInterrupted(f"interrupted after {finished} of {len(rows)} points; wrote {out_dir}/results.csv "
-                               "(finished points only): run the same command again to replay the rest",
-                               terminated)  # fmt: skip
+        raise SweepInterrupted(
+            f"interrupted after {finished} of {len(rows)} points; wrote {out_dir}/results.csv "
+            "(finished points only): run the same command again to replay the rest",
+            terminated,
+        )
     if table:
         print_summary(designs(rows, grid.varied, grid.target), grid.varied, _title(grid, plan), grid.target)
         for line in search_lines(found or []):
@@ -110,8 +124,15 @@ class Replayer:
     point's record: ``records`` and ``lost`` by key, the counts ``replayed``, ``stored`` (found under
     ``points/``), ``failed``, ``status`` (``complete`` or ``interrupted``) and the ``plans`` replayed."""
 
-    def __init__(self, points_dir: Path, executor: str, workers, ray_address, progress: bool, retry_failed: bool):
-        self.points_dir, self.executor, self.workers, self.ray_address = points_dir, executor, workers, ray_address
+    def __init__(
+        self, points_dir: Path, executor: str, workers, ray_address, progress: bool, retry_failed: bool
+    ):
+        self.points_dir, self.executor, self.workers, self.ray_address = (
+            points_dir,
+            executor,
+            workers,
+            ray_address,
+        )
         self.progress, self.retry_failed = progress, retry_failed
         self.records: dict[str, dict] = {}
         self.lost: dict[str, dict] = {}
@@ -154,9 +175,16 @@ class Replayer:
         # Longest first, so the workers finish together: a point of more groups replays more steps (each group's
         # replay its own). Stable: grid order otherwise. The results do not depend on the order.
         todo.sort(key=lambda t: -t.groups)
-        columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
-                   rp.TextColumn("[red]{task.fields[failed]} failed"), rp.TextColumn("ETA"), rp.TimeRemainingColumn(),
-                   rp.TextColumn("elapsed"), rp.TimeElapsedColumn())  # fmt: skip
+        columns = (
+            rp.TextColumn("{task.description}"),
+            rp.BarColumn(),
+            rp.MofNCompleteColumn(),
+            rp.TextColumn("[red]{task.fields[failed]} failed"),
+            rp.TextColumn("ETA"),
+            rp.TimeRemainingColumn(),
+            rp.TextColumn("elapsed"),
+            rp.TimeElapsedColumn(),
+        )
         done = [r for r in plan.rows if r["status"] == "failed" or r["key"] in records]
         failed = sum(1 for r in done if r["status"] == "failed" or records[r["key"]]["status"] != "ok")
         per_key: dict[str, int] = {}  # rows per key (points of one config replay once)
@@ -166,13 +194,18 @@ class Replayer:
                 per_key[r["key"]] = per_key.get(r["key"], 0) + 1
                 first_row.setdefault(r["key"], r)
         with rp.Progress(*columns, disable=not self.progress, transient=False) as bar:
-            job = bar.add_task(f"cpkv sweep ({self.executor})", total=len(plan.rows), completed=len(done), failed=failed)
+            job = bar.add_task(
+                f"cpkv sweep ({self.executor})", total=len(plan.rows), completed=len(done), failed=failed
+            )
 
             def on_result(task, result) -> None:
                 nonlocal failed
                 if result["status"] == "ok" and result["cpkv_version"] != CPKV_VERSION:
-                    result = {**result, "status": "lost", "error": f"the worker runs cpkv {result['cpkv_version']}, "
-                              f"this driver {CPKV_VERSION}"}  # fmt: skip
+                    result = {
+                        **result,
+                        "status": "lost",
+                        "error": f"the worker runs cpkv {result['cpkv_version']}, this driver {CPKV_VERSION}",
+                    }
                 if result["status"] == "lost":
                     self.lost[task.key] = result
                 else:
@@ -201,12 +234,16 @@ def error_band(plan: SweepPlan) -> str:
     when any point is measured, else the illustrative model's "no error band"."""
     from ..cost.coverage import ERROR_BAND, ILLUSTRATIVE_BAND
 
-    return ERROR_BAND if any(p.get("cost_model") == "measured" for p in plan.provenances) else ILLUSTRATIVE_BAND
+    return (
+        ERROR_BAND if any(p.get("cost_model") == "measured" for p in plan.provenances) else ILLUSTRATIVE_BAND
+    )
 
 
 def _needed(plan: SweepPlan, todo: list) -> Shipment:
     """What every worker receives once: the workloads the tasks to run read and the plan's price tables."""
-    return Shipment({d: plan.workloads[d] for d in dict.fromkeys(t.workload for t in todo)}, plan.price_tables)
+    return Shipment(
+        {d: plan.workloads[d] for d in dict.fromkeys(t.workload for t in todo)}, plan.price_tables
+    )
 
 
 def _load(path: Path, key: str) -> dict | None:
@@ -231,9 +268,17 @@ def _load(path: Path, key: str) -> dict | None:
 
 def _record(task, result: dict, row: dict) -> dict:
     """What ``points/<key>.json`` holds: the point's whole config, its cost provenance and its result."""
-    return {"key": task.key, "cpkv_version": CPKV_VERSION, "workload_digest": task.workload,
-            "policy": task.policy, "groups": task.groups, "routing": task.routing,
-            "sim_config": row["_sim_config"], "cost_provenance": row["_provenance"], **result}  # fmt: skip
+    return {
+        "key": task.key,
+        "cpkv_version": CPKV_VERSION,
+        "workload_digest": task.workload,
+        "policy": task.policy,
+        "groups": task.groups,
+        "routing": task.routing,
+        "sim_config": row["_sim_config"],
+        "cost_provenance": row["_provenance"],
+        **result,
+    }
 
 
 def _fill(plan: SweepPlan, records: dict, lost: dict) -> list[dict]:
@@ -256,8 +301,14 @@ def _title(grid: Grid, plan: SweepPlan) -> str:
     from ..sim.runner import cost_line
 
     several = len(plan.provenances) > 1  # e.g. one per cp_size: their EP widths differ
-    lines = {cost_line({**p, "ep_size": "= cp_size" if p.get("ep_size") == p.get("cp_size") else "per point"}
-                       if several else p) for p in plan.provenances}  # fmt: skip
+    lines = {
+        cost_line(
+            {**p, "ep_size": "= cp_size" if p.get("ep_size") == p.get("cp_size") else "per point"}
+            if several
+            else p
+        )
+        for p in plan.provenances
+    }
     cost = lines.pop() if len(lines) == 1 else "times: several cost models"
     trace = grid.workload["trace"]
     workloads = "; ".join(
@@ -267,20 +318,32 @@ def _title(grid: Grid, plan: SweepPlan) -> str:
     return f"cpkv sweep {grid.path.name}: {workloads}, {len(plan.rows)} points | {cost}"
 
 
-def _write(out_dir: Path, grid: Grid, plan: SweepPlan, rows: list[dict], records: list, status: str,
-           found: list[dict] | None = None) -> tuple:  # fmt: skip
+def _write(
+    out_dir: Path,
+    grid: Grid,
+    plan: SweepPlan,
+    rows: list[dict],
+    records: list,
+    status: str,
+    found: list[dict] | None = None,
+) -> tuple:
     from ..sim.workload import workload_stats
     from .plots import hit_rate_png, pareto_png
 
     title = _title(grid, plan)
     header = {
-        "status": status, "cpkv_version": CPKV_VERSION, "grid": grid.text, "varied": grid.varied,
+        "status": status,
+        "cpkv_version": CPKV_VERSION,
+        "grid": grid.text,
+        "varied": grid.varied,
         "target": grid.target.text if grid.target else None,
-        "workloads": {d: {"description": s.description, "stats": workload_stats(s.requests), "window": s.window}
-                      for d, s in plan.workloads.items()},
+        "workloads": {
+            d: {"description": s.description, "stats": workload_stats(s.requests), "window": s.window}
+            for d, s in plan.workloads.items()
+        },
         "metric_fields": list(metric_fields(rows)),
         **({"search": found} if found is not None else {}),
-    }  # fmt: skip
+    }
     payloads = {
         "results.csv": lambda: results_csv(rows, plan.config_columns).encode(),
         "results.json": lambda: results_json(rows, records, header).encode(),

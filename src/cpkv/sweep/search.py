@@ -58,14 +58,28 @@ def search_groups(grid, replay: Callable) -> tuple:
         run(open_)
         for i, (mid,) in open_.items():
             bracket[i][1 if result[i][mid] else 0] = mid
-    run({i: [g for g in (b[1] - 1, b[1] + 1) if lo <= g <= hi] for i, b in bracket.items() if b[1] is not None})
+    run(
+        {
+            i: [g for g in (b[1] - 1, b[1] + 1) if lo <= g <= hi]
+            for i, b in bracket.items()
+            if b[1] is not None
+        }
+    )
     found = []
     for i, (_, best) in bracket.items():
         tried = result[i]
         monotone = best is None or (not tried.get(best - 1, False) and tried.get(best + 1, True))
         design = {k: w for k, (_, w) in designs[i].items()}
-        found.append({"design": design, "fewest_groups": best, "met": best is not None, "bounds": [lo, hi],
-                      "tried": sorted(tried), "monotone": monotone})  # fmt: skip
+        found.append(
+            {
+                "design": design,
+                "fewest_groups": best,
+                "met": best is not None,
+                "bounds": [lo, hi],
+                "tried": sorted(tried),
+                "monotone": monotone,
+            }
+        )
     return replay.merged(grid), found
 
 
@@ -79,6 +93,8 @@ def search_lines(found: list[dict]) -> list[str]:
         if not f["met"]:
             out.append(f"search: {name}: the target is not met within groups {lo}..{hi} (tried {f['tried']})")
         elif not f["monotone"]:
-            out.append(f"search: {name}: {f['fewest_groups']} groups meet the target but a neighbour breaks the "
-                       f"pattern (tried {f['tried']}): the fewest found, not proven fewest")  # fmt: skip
+            out.append(
+                f"search: {name}: {f['fewest_groups']} groups meet the target but a neighbour breaks the "
+                f"pattern (tried {f['tried']}): the fewest found, not proven fewest"
+            )
     return out

@@ -22,8 +22,18 @@ MARKER_KEY = "cp_size"
 MARKERS = ("o", "s", "^", "D", "v", "P", "*", "h")
 """One per ``cp_size`` value, smallest first (cycled past eight); never ``x``, which marks an unserved point."""
 
-FAMILY_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
-                  "tab:olive", "tab:cyan", "tab:gray")  # fmt: skip
+FAMILY_COLOURS = (
+    "tab:blue",
+    "tab:orange",
+    "tab:green",
+    "tab:red",
+    "tab:purple",
+    "tab:brown",
+    "tab:pink",
+    "tab:olive",
+    "tab:cyan",
+    "tab:gray",
+)
 """Base colour of each family, in the order of the families' labels (cycled past ten)."""
 
 LIGHTEST, DARKEST = 0.5, 0.3
@@ -62,7 +72,11 @@ def label(pairs: Sequence[tuple]) -> str:
 
 def _order(value) -> tuple:
     """Sort key for mixed grid values: numbers by value, before text."""
-    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
+    return (
+        (0, value, "")
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+        else (1, 0, str(value))
+    )
 
 
 def _mix(rgb, other: float, t: float) -> tuple[float, float, float]:
@@ -104,10 +118,17 @@ def series_styles(designs: Sequence[tuple]) -> dict[tuple, Style]:
     for d, (fam, rest, c) in split.items():
         i, j = families.index(fam), rests.index(rest)
         marker = MARKERS[sizes.index(c) % len(MARKERS)] if c is not None else MARKERS[0]
-        out[d] = Style(colour=palette[fam][j], marker=marker,
-                       size=9.0 - 1.5 * (i % 4), family=label(fam), shade=label(rest),
-                       marker_label=f"{MARKER_KEY}={c}" if c is not None else "", family_colour=base[fam],
-                       shade_index=j, shade_count=len(rests))  # fmt: skip
+        out[d] = Style(
+            colour=palette[fam][j],
+            marker=marker,
+            size=9.0 - 1.5 * (i % 4),
+            family=label(fam),
+            shade=label(rest),
+            marker_label=f"{MARKER_KEY}={c}" if c is not None else "",
+            family_colour=base[fam],
+            shade_index=j,
+            shade_count=len(rests),
+        )
     return out
 
 
@@ -128,11 +149,17 @@ def legend_handles(styles: dict[tuple, Style]) -> tuple[list, str]:
         handles += [Line2D([], [], color=c, lw=2.5, label=f or "-") for f, c in sorted(fams.items())]
         title.append(f"colour: {', '.join(k for k in FAMILY_KEYS if any(f'{k}=' in f for f in fams))}")
     if len(rests) > 1:  # grey shades for several families; the one family's own shades for one
-        greys = shades((0.45, 0.45, 0.45) if len(fams) > 1 else values[0].family_colour, values[0].shade_count)
+        greys = shades(
+            (0.45, 0.45, 0.45) if len(fams) > 1 else values[0].family_colour, values[0].shade_count
+        )
         handles += [Line2D([], [], color=greys[j], lw=2.5, label=rests[j]) for j in sorted(rests)]
-        title.append(f"shade: {', '.join(dict.fromkeys(p.split('=')[0] for r in rests.values() for p in r.split()))}")
+        title.append(
+            f"shade: {', '.join(dict.fromkeys(p.split('=')[0] for r in rests.values() for p in r.split()))}"
+        )
     if len(marks) > 1:
-        handles += [Line2D([], [], ls="", marker=m, color="black", label=k)
-                    for k, m in sorted(marks.items(), key=lambda kv: MARKERS.index(kv[1]))]  # fmt: skip
+        handles += [
+            Line2D([], [], ls="", marker=m, color="black", label=k)
+            for k, m in sorted(marks.items(), key=lambda kv: MARKERS.index(kv[1]))
+        ]
         title.append(f"marker: {MARKER_KEY}")
     return handles, " | ".join(title)

@@ -54,22 +54,53 @@ class Engine:
     lane short), finished (request ids).
     """
 
-    def __init__(self, cp_size, policy, *, page_size=4, rank_pages=16, host_ratio=4.0, layout="layer_first",
-                 storage=None, storage_extra=None, max_running=4):  # fmt: skip
+    def __init__(
+        self,
+        cp_size,
+        policy,
+        *,
+        page_size=4,
+        rank_pages=16,
+        host_ratio=4.0,
+        layout="layer_first",
+        storage=None,
+        storage_extra=None,
+        max_running=4,
+    ):
         C, P = cp_size, page_size
         self.C, self.P, self.max_running = C, P, max_running
         rows = C * (rank_pages + 1) * P
-        self.kv = MHATokenToKVPool(size=rows - P, page_size=P, dtype=torch.float32, head_num=1, head_dim=HEAD_DIM,
-                                   layer_num=LAYERS, device="cpu", enable_memory_saver=False)  # fmt: skip
+        self.kv = MHATokenToKVPool(
+            size=rows - P,
+            page_size=P,
+            dtype=torch.float32,
+            head_num=1,
+            head_dim=HEAD_DIM,
+            layer_num=LAYERS,
+            device="cpu",
+            enable_memory_saver=False,
+        )
         cls = OwnerLaneTokenToKVPoolAllocator.for_group(C, policy)
         self.alloc = cls(rank_pages * P, P, torch.float32, "cpu", self.kv, False)
-        args = ServerArgs(model_path="dummy", page_size=P, hicache_io_backend="direct", hicache_mem_layout=layout,
-                          hicache_write_policy="write_back", hicache_ratio=host_ratio, hicache_storage_backend=storage,
-                          hicache_storage_backend_extra_config=storage_extra)  # fmt: skip
+        args = ServerArgs(
+            model_path="dummy",
+            page_size=P,
+            hicache_io_backend="direct",
+            hicache_mem_layout=layout,
+            hicache_write_policy="write_back",
+            hicache_ratio=host_ratio,
+            hicache_storage_backend=storage,
+            hicache_storage_backend_extra_config=storage_extra,
+        )
         set_global_server_args_for_scheduler(args)
         r2t = ReqToTokenPool(size=8, max_context_len=4096, device="cpu", enable_memory_saver=False)
-        params = CacheInitParams(req_to_token_pool=r2t, token_to_kv_pool_allocator=self.alloc, page_size=P,
-                                 disable=False, tree_components=(ComponentType.FULL,))  # fmt: skip
+        params = CacheInitParams(
+            req_to_token_pool=r2t,
+            token_to_kv_pool_allocator=self.alloc,
+            page_size=P,
+            disable=False,
+            tree_components=(ComponentType.FULL,),
+        )
         self.cache = UnifiedRadixCache(params=params)
         self.cache.init_hicache(args, params)
         self.cache.load_back_threshold = 0
@@ -144,8 +175,14 @@ class Engine:
         prefix = self.cache.path_device_indices(m.last_device_node)[:L0]
         assert self.rows_equal(tokens[:L0], prefix), f"request {rid}: cached rows differ from its tokens"
         lock = self.cache.inc_lock_ref(m.last_device_node).to_dec_params()
-        return {"rid": rid, "tokens": tokens, "slots": prefix.clone(), "node": m.last_device_node, "lock": lock,
-                "prefix": L0}  # fmt: skip
+        return {
+            "rid": rid,
+            "tokens": tokens,
+            "slots": prefix.clone(),
+            "node": m.last_device_node,
+            "lock": lock,
+            "prefix": L0,
+        }
 
     def chunk(self, req) -> bool:
         """Prefill one page of ``req``; False when its lane is short (the chunk waits)."""

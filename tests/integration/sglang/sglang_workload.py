@@ -62,7 +62,9 @@ class Side:
         prefix = [len(self.rows.get(rid, [])) for rid, _ in batch]
         seq = [p + e for p, (_, e) in zip(prefix, batch, strict=True)]
         last = [self.rows[rid][-1] if p else -1 for p, (rid, _) in zip(prefix, batch, strict=True)]
-        out = self.alloc.alloc_extend(i64(prefix), i64(prefix), i64(seq), i64(seq), i64(last), sum(seq) - sum(prefix))
+        out = self.alloc.alloc_extend(
+            i64(prefix), i64(prefix), i64(seq), i64(seq), i64(last), sum(seq) - sum(prefix)
+        )
         if out is None:
             return None
         parts, at = [], 0

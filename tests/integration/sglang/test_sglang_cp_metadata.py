@@ -107,8 +107,11 @@ def test_page_aligned_blocks_are_sglangs_zigzag_over_pages():
             chunk_tokens = np.empty(B * S, dtype=np.int64)
             chunk_tokens[theirs.cp_reverse_index] = tokens
             assert ours.reverse_split_len == chunk_tokens.tolist(), case
-            assert ours.per_rank_actual_token == chunk_tokens.reshape(C, 2 * B).sum(axis=1).tolist() == (
-                plan.per_rank_tokens.tolist()), case  # fmt: skip
+            assert (
+                ours.per_rank_actual_token
+                == chunk_tokens.reshape(C, 2 * B).sum(axis=1).tolist()
+                == (plan.per_rank_tokens.tolist())
+            ), case
             assert ours.max_rank_len == [plan.max_rank_tokens] * C
             for half in ("prev", "next"):
                 kv_pages = np.array(getattr(theirs, f"kv_len_{half}_list"))
@@ -128,8 +131,10 @@ def rotated_expectation(case, plan):
     C, B = case.cp_size, len(case.extend_lens)
     f = plan.request_phases.tolist()
     legacy = [sglang_metadata(C, r, case.prefix_lens, case.extend_lens) for r in range(C)]
-    alone = [np.array(sglang_metadata(C, 0, [p], [e]).per_rank_actual_token)
-             for p, e in zip(case.prefix_lens, case.extend_lens, strict=True)]  # fmt: skip
+    alone = [
+        np.array(sglang_metadata(C, 0, [p], [e]).per_rank_actual_token)
+        for p, e in zip(case.prefix_lens, case.extend_lens, strict=True)
+    ]
     per_rank = sum(np.roll(a, fi) for a, fi in zip(alone, f, strict=True)).tolist()
     rsl0, rev0 = np.array(legacy[0].reverse_split_len), np.array(legacy[0].cp_reverse_index)
     k = np.arange(2 * B)
@@ -156,7 +161,9 @@ def test_rotated_fields_equal_sglangs_with_ranks_rotated_by_phase():
         legacy, f, per_rank, reverse_split_len, cp_reverse_index = rotated_expectation(case, plan)
         for r in range(C):
             ours = sglang_cp.zigzag_metadata(plan, r)
-            src = [legacy[(r - fi) % C] for fi in f]  # per request, SGLang's rank whose blocks rank r computes
+            src = [
+                legacy[(r - fi) % C] for fi in f
+            ]  # per request, SGLang's rank whose blocks rank r computes
             assert ours.request_phases == f and ours.split_list == legacy[0].split_list
             want = [src[i].zigzag_index[h * B + i] for h in (0, 1) for i in range(B)]
             assert ours.zigzag_index == want, case
@@ -169,9 +176,18 @@ def test_rotated_fields_equal_sglangs_with_ranks_rotated_by_phase():
             assert ours.reverse_split_len == reverse_split_len, case
             assert ours.cp_reverse_index == cp_reverse_index, case
             if B == 1:  # one request: the rank's whole view is SGLang's rank (r - f) % C
-                for name in ("kv_len_combined_tensor", "cu_seqlens_q_combined_tensor", "cu_seqlens_kv_combined_tensor",
-                             "cu_seqlens_q_prev_tensor", "cu_seqlens_kv_next_tensor", "total_q_prev_tokens",
-                             "total_q_next_tokens", "max_seqlen_q_prev", "max_seqlen_q_next", "max_seqlen_q_combined"):  # fmt: skip
+                for name in (
+                    "kv_len_combined_tensor",
+                    "cu_seqlens_q_combined_tensor",
+                    "cu_seqlens_kv_combined_tensor",
+                    "cu_seqlens_q_prev_tensor",
+                    "cu_seqlens_kv_next_tensor",
+                    "total_q_prev_tokens",
+                    "total_q_next_tokens",
+                    "max_seqlen_q_prev",
+                    "max_seqlen_q_next",
+                    "max_seqlen_q_combined",
+                ):
                     assert_same(getattr(ours, name), getattr(src[0], name), f"{case} rank {r} {name}")
 
 

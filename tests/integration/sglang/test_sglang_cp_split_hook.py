@@ -22,7 +22,9 @@ from sglang_topology import cp_topology
 
 from sglang_cp_cases import assert_same
 
-sgl = pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)")
+sgl = pytest.importorskip(
+    "cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)"
+)
 hooks = pytest.importorskip("cpkv.integrations.sglang_hooks")
 split = pytest.importorskip("cpkv.integrations.sglang_cp_split")
 cp_utils = pytest.importorskip("sglang.srt.layers.cp.utils")
@@ -63,8 +65,9 @@ def cpkv_cp(monkeypatch):
 def allocator(C, P, pages_per_rank=64):
     """cpkv's allocator (SGLang's six arguments) linked to a stand-in KV pool."""
     pool = types.SimpleNamespace()
-    alloc = sgl.OwnerLaneTokenToKVPoolAllocator(pages_per_rank * P, P, torch.float32, "cpu", pool, False,
-                                                cp_size=C, owner_policy="balanced")  # fmt: skip
+    alloc = sgl.OwnerLaneTokenToKVPoolAllocator(
+        pages_per_rank * P, P, torch.float32, "cpu", pool, False, cp_size=C, owner_policy="balanced"
+    )
     assert pool.owner_lane_allocator is alloc
     return alloc, pool
 
@@ -91,11 +94,15 @@ def forward_batch(prefix, ext, loc, rids=None):
     """The fields SGLang's ``prepare_cp_forward`` reads, as its ``ForwardBatch`` holds them for a prefill."""
     N = sum(ext)
     return types.SimpleNamespace(
-        forward_mode=ForwardMode.EXTEND, input_ids=torch.zeros(N, dtype=torch.int64),
-        seq_lens_cpu=torch.tensor([p + e for p, e in zip(prefix, ext, strict=True)]), extend_seq_lens_cpu=list(ext),
-        out_cache_loc=loc, attn_cp_metadata=None, global_num_tokens_cpu=None,
+        forward_mode=ForwardMode.EXTEND,
+        input_ids=torch.zeros(N, dtype=torch.int64),
+        seq_lens_cpu=torch.tensor([p + e for p, e in zip(prefix, ext, strict=True)]),
+        extend_seq_lens_cpu=list(ext),
+        out_cache_loc=loc,
+        attn_cp_metadata=None,
+        global_num_tokens_cpu=None,
         rids=rids or [f"req-{i}" for i in range(len(ext))],
-    )  # fmt: skip
+    )
 
 
 def prepare(C, rank, pool, batch):
@@ -111,7 +118,9 @@ def computed_tokens(C, rank, batch):
     """Flat extend indices rank ``rank`` computes: SGLang's own shard of positions on the metadata."""
     meta = batch.attn_cp_metadata
     with get_parallel().override(**cp_topology(C, rank)):
-        local = ZigzagCPStrategy(cp_size=C).shard_position_ids(torch.arange(sum(batch.extend_seq_lens_cpu)), batch)
+        local = ZigzagCPStrategy(cp_size=C).shard_position_ids(
+            torch.arange(sum(batch.extend_seq_lens_cpu)), batch
+        )
     return local[: meta.per_rank_logical_token[rank]].numpy()
 
 
@@ -135,7 +144,10 @@ def test_hooked_split_is_cpkvs_and_every_rank_computes_its_own_pages(C, P, cpkv_
     for r in range(C):
         batch = forward_batch(b["prefix"], b["ext"], b["loc"])
         meta = prepare(C, r, pool, batch)
-        assert type(meta) is ZigzagContextParallelMetadata and meta.request_phases == plan.request_phases.tolist()
+        assert (
+            type(meta) is ZigzagContextParallelMetadata
+            and meta.request_phases == plan.request_phases.tolist()
+        )
         ours = sglang_cp.zigzag_metadata(plan, r)
         with get_parallel().override(**cp_topology(C, r)):
             pad_logical_token_to_physical(ours)
@@ -156,7 +168,9 @@ def test_without_the_hook_sglangs_split_disagrees_with_cpkvs_owners(C, P, cpkv_c
     some tokens on ranks other than their page's lane."""
     cpkv_cp(C)
     alloc, pool, b = balanced_batch(C, P)
-    assert alloc.last_plan.request_phases.any() or P > 1  # a balanced plan SGLang's phase-0 split cannot match
+    assert (
+        alloc.last_plan.request_phases.any() or P > 1
+    )  # a balanced plan SGLang's phase-0 split cannot match
     monkeypatch.delenv("SGLANG_PLATFORM")
     lanes, wrong = slot_lanes(b["loc"], C, P), 0
     for r in range(C):
@@ -200,7 +214,9 @@ def test_a_plan_that_is_not_the_batchs_stops_with_one_line(C, cpkv_cp):
     with pytest.raises(ConfigError, match="out_cache_loc does not match"):
         prepare(C, 0, pool, moved)
     short = forward_batch(b["prefix"], b["ext"], b["loc"][:-1])
-    with pytest.raises(ConfigError, match=f"out_cache_loc holds {sum(b['ext']) - 1} slots for {sum(b['ext'])}"):
+    with pytest.raises(
+        ConfigError, match=f"out_cache_loc holds {sum(b['ext']) - 1} slots for {sum(b['ext'])}"
+    ):
         prepare(C, 0, pool, short)
 
 
@@ -232,8 +248,15 @@ def test_sglangs_chunk_cuts_land_on_page_ends_so_the_next_chunk_has_no_head_toke
     P, remaining = 4, 4 * C * 4 + 40
     alloc, pool = allocator(C, P)
     tree = RadixCache.create_simulated(mock_allocator=alloc, page_size=P)
-    adder = PrefillAdder(P, tree, alloc, running_batch=types.SimpleNamespace(reqs=[]), new_token_ratio=0.5,
-                         rem_input_tokens=64, rem_chunk_tokens=None)  # fmt: skip
+    adder = PrefillAdder(
+        P,
+        tree,
+        alloc,
+        running_batch=types.SimpleNamespace(reqs=[]),
+        new_token_ratio=0.5,
+        rem_input_tokens=64,
+        rem_chunk_tokens=None,
+    )
     cut = adder.floor_chunked_tokens(4 * P + 3, remaining)
     assert cut == 4 * P
     assert adder.floor_chunked_tokens(P - 1, remaining) == P - 1 and adder.floor_chunked_tokens(50, 50) == 50

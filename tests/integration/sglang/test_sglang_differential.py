@@ -15,7 +15,9 @@ import pytest
 import torch
 from sglang_workload import Side, Workload
 
-sgl = pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)")
+sgl = pytest.importorskip(
+    "cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)"
+)
 paged = pytest.importorskip("sglang.srt.mem_cache.allocator.paged")
 
 pytestmark = pytest.mark.sglang
@@ -24,7 +26,9 @@ OPS = 1500  # operations per case; each is one allocator call or a free group of
 
 
 def make_pair(pages: int, P: int, need_sort: bool):
-    args = dict(size=pages * P, page_size=P, dtype=torch.bfloat16, device="cpu", kvcache=None, need_sort=need_sort)
+    args = dict(
+        size=pages * P, page_size=P, dtype=torch.bfloat16, device="cpu", kvcache=None, need_sort=need_sort
+    )
     ours = sgl.OwnerLaneTokenToKVPoolAllocator(**args, cp_size=1, owner_policy="balanced")
     return Side(ours), Side(paged.PagedTokenToKVPoolAllocator(**args))
 
@@ -32,7 +36,8 @@ def make_pair(pages: int, P: int, need_sort: bool):
 def new_pages(parts: list[list[int]], before: list[int], P: int) -> list[int]:
     """Per request: pages of its new slots that its prefix did not already touch."""
     return [
-        len({s // P for s in part} - {s // P for s in prefix[-1:]}) for part, prefix in zip(parts, before, strict=True)
+        len({s // P for s in part} - {s // P for s in prefix[-1:]})
+        for part, prefix in zip(parts, before, strict=True)
     ]
 
 

@@ -55,8 +55,9 @@ def prompts(m):
 
 
 def two_passes(m, prompts, allocator, storage_dir=None):
-    loop = m.EngineLoop(m.LoopConfig(allocator=allocator, cp_size=4, page_size=4, rank_pages=96,
-                                     storage_dir=storage_dir))  # fmt: skip
+    loop = m.EngineLoop(
+        m.LoopConfig(allocator=allocator, cp_size=4, page_size=4, rank_pages=96, storage_dir=storage_dir)
+    )
     first = loop.run(prompts)
     first = (first.device_hit_tokens, first.host_hit_tokens, first.storage_hit_tokens, first.load_back_pages)
     s = loop.run(prompts[::-1])
@@ -72,7 +73,12 @@ def test_engine_loop_cpkv_c4_mooncake_300(m, prompts):
     assert loop.tree.cache_controller.cpkv_lanes.counts["load_back_pages"] == s.load_back_pages
     assert first == (1184, 0, 0, 0)  # trace order: every reuse is one request later, still on device
     assert s.checked_pages > 0 and s.host_hit_tokens == 4 * s.load_back_pages  # every host hit loaded back
-    assert (s.device_hit_tokens, s.host_hit_tokens, s.load_back_pages, s.pages_recomputed) == (3364, 2312, 578, 0)
+    assert (s.device_hit_tokens, s.host_hit_tokens, s.load_back_pages, s.pages_recomputed) == (
+        3364,
+        2312,
+        578,
+        0,
+    )
 
 
 def test_engine_loop_peer_page_interleave_c4(m, prompts):
@@ -83,7 +89,12 @@ def test_engine_loop_peer_page_interleave_c4(m, prompts):
     loop, first, s = two_passes(m, prompts, "sglang")
     assert type(loop.alloc).__name__ == "PageInterleavePoolAllocator"
     assert first == (1184, 0, 0, 0)
-    assert (s.device_hit_tokens, s.host_hit_tokens, s.load_back_pages, s.pages_recomputed) == (3364, 2312, 578, 0)
+    assert (s.device_hit_tokens, s.host_hit_tokens, s.load_back_pages, s.pages_recomputed) == (
+        3364,
+        2312,
+        578,
+        0,
+    )
 
 
 def test_engine_loop_cpkv_l3_restart(m, prompts, tmp_path):
@@ -95,7 +106,9 @@ def test_engine_loop_cpkv_l3_restart(m, prompts, tmp_path):
     assert s.storage_hit_tokens >= 1504 and s.load_back_pages > 376
     names = [p.name for p in tmp_path.iterdir()]
     assert names and all("_lane" in n and n.split("_lane", 1)[1][0] in "0123" for n in names)
-    fresh = m.EngineLoop(m.LoopConfig(allocator="cpkv", cp_size=4, page_size=4, rank_pages=96, storage_dir=str(tmp_path)))
+    fresh = m.EngineLoop(
+        m.LoopConfig(allocator="cpkv", cp_size=4, page_size=4, rank_pages=96, storage_dir=str(tmp_path))
+    )
     r = fresh.run(prompts[:60])
     assert r.invariant_checks == 2 * r.steps and r.checked_pages > 0
     assert r.storage_hit_tokens > r.prompt_tokens // 2 and r.load_back_pages * 4 >= r.storage_hit_tokens

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)")
+pytest.importorskip(
+    "cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)"
+)
 pytest.importorskip("sglang.srt.mem_cache.unified_radix_cache")
 
 from hicache_engine import Engine, block_tokens, install  # noqa: E402
@@ -126,13 +128,21 @@ def test_tiny_chunks_reload_incident(hooks, cp_size, policy):
             engine.run([(r.req_id, block_tokens(r.hash_ids, engine.P))], 400)
     for turn in (1, 2):
         t0 = 120_000 + (turn - 1) * 30_000
-        burst = [(r.req_id, block_tokens(r.hash_ids, engine.P)) for r in requests if t0 <= r.arrival_ms < t0 + 30_000]
+        burst = [
+            (r.req_id, block_tokens(r.hash_ids, engine.P))
+            for r in requests
+            if t0 <= r.arrival_ms < t0 + 30_000
+        ]
         engine.run(burst, 400)
     counts = engine.controller.cpkv_lanes.counts
     for host_pages, lanes in engine.loads:  # every loaded page on the lane its write-back recorded
         assert lanes.tolist() == [engine.recorded_lane(int(h)) for h in host_pages]
     assert counts["load_back_pages"] == sum(lanes.size for _, lanes in engine.loads) > 0
-    failed = (counts["load_back_owner_lane_capacity_failed"], counts["load_back_failed_pages"], len(engine.finished))
+    failed = (
+        counts["load_back_owner_lane_capacity_failed"],
+        counts["load_back_failed_pages"],
+        len(engine.finished),
+    )
     if policy == "legacy":
         assert failed == LEGACY[cp_size]
     else:

@@ -62,9 +62,14 @@ def parallel(monkeypatch, module, C: int, rank: int, group=None) -> None:
 def sglang_pool(C: int, P: int, pages_per_rank: int):
     """SGLang's page-sharded pool on the CPU: ``pages_per_rank`` physical pages a rank, C ranks."""
     return page_interleave.PageInterleavePoolAllocator(
-        size=pages_per_rank * P, physical_page_size=P, shard_size=C, dtype=torch.bfloat16, device="cpu",
-        kvcache=None, need_sort=False,
-    )  # fmt: skip
+        size=pages_per_rank * P,
+        physical_page_size=P,
+        shard_size=C,
+        dtype=torch.bfloat16,
+        device="cpu",
+        kvcache=None,
+        need_sort=False,
+    )
 
 
 @pytest.mark.clause("C-PHASE")
@@ -144,8 +149,12 @@ def test_metadata_equals_sglangs_for_the_same_row_owners(monkeypatch):
         C, B = case.cp_size, len(case.extend_lens)
         if sum(case.extend_lens) == 0:
             continue
-        plan = plan_batch(case.prefix_lens, case.extend_lens, config(C, case.page_size),
-                          phases=rng.integers(0, C, B).tolist())  # fmt: skip
+        plan = plan_batch(
+            case.prefix_lens,
+            case.extend_lens,
+            config(C, case.page_size),
+            phases=rng.integers(0, C, B).tolist(),
+        )
         for r in range(C):
             theirs = sglang_general_metadata(monkeypatch, plan, r)
             ours = interleave_metadata(plan, r)
@@ -203,8 +212,12 @@ def test_sglangs_gather_on_cpkv_metadata_restores_flat_order(monkeypatch):
         C, B, N = case.cp_size, len(case.extend_lens), sum(case.extend_lens)
         if N == 0:
             continue
-        plan = plan_batch(case.prefix_lens, case.extend_lens, config(C, case.page_size),
-                          phases=rng.integers(0, C, B).tolist())  # fmt: skip
+        plan = plan_batch(
+            case.prefix_lens,
+            case.extend_lens,
+            config(C, case.page_size),
+            phases=rng.integers(0, C, B).tolist(),
+        )
         x = torch.arange(N * 3, dtype=torch.float32).reshape(N, 3)
         metas = [interleave_metadata(plan, r) for r in range(C)]
         shards = [x[m.local_index[: m.per_rank_logical_token[r]]] for r, m in enumerate(metas)]

@@ -12,7 +12,9 @@ import torch
 
 import oracle
 
-sgl = pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)")
+sgl = pytest.importorskip(
+    "cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)"
+)
 rows_mod = pytest.importorskip("cpkv.integrations.sglang_kv_rows")
 
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
@@ -35,8 +37,9 @@ class Layer:
 def batch(C: int, policy: str = "balanced", page_size: int = P, rank_tokens: int = RANK_TOKENS):
     """One extend batch through cpkv's allocator (SGLang's six arguments): two requests, 13 and 27 new
     tokens. Returns ``(out_cache_loc [40] int64, token_owner [40])``."""
-    alloc = sgl.OwnerLaneTokenToKVPoolAllocator(rank_tokens, page_size, torch.float32, "cpu", None, False,
-                                                cp_size=C, owner_policy=policy)  # fmt: skip
+    alloc = sgl.OwnerLaneTokenToKVPoolAllocator(
+        rank_tokens, page_size, torch.float32, "cpu", None, False, cp_size=C, owner_policy=policy
+    )
     prefix, seq = torch.tensor([0, 0]), torch.tensor([13, 27])
     loc = alloc.alloc_extend(prefix, prefix, seq, seq, torch.tensor([-1, -1]), 40)
     assert loc is not None
@@ -44,13 +47,39 @@ def batch(C: int, policy: str = "balanced", page_size: int = P, rank_tokens: int
 
 
 def mha_pools(C: int, cls=rows_mod.OwnerLaneMHATokenToKVPool):
-    return [cls(size=RANK_TOKENS, page_size=P, dtype=torch.float32, head_num=2, head_dim=8, layer_num=2,
-                device="cpu", enable_memory_saver=False, cp_size=C, cp_rank=r) for r in range(C)]  # fmt: skip
+    return [
+        cls(
+            size=RANK_TOKENS,
+            page_size=P,
+            dtype=torch.float32,
+            head_num=2,
+            head_dim=8,
+            layer_num=2,
+            device="cpu",
+            enable_memory_saver=False,
+            cp_size=C,
+            cp_rank=r,
+        )
+        for r in range(C)
+    ]
 
 
 def mla_pools(C: int, cls=rows_mod.OwnerLaneMLATokenToKVPool):
-    return [cls(size=RANK_TOKENS, page_size=P, dtype=torch.float32, kv_lora_rank=8, qk_rope_head_dim=4,
-                layer_num=2, device="cpu", enable_memory_saver=False, cp_size=C, cp_rank=r) for r in range(C)]  # fmt: skip
+    return [
+        cls(
+            size=RANK_TOKENS,
+            page_size=P,
+            dtype=torch.float32,
+            kv_lora_rank=8,
+            qk_rope_head_dim=4,
+            layer_num=2,
+            device="cpu",
+            enable_memory_saver=False,
+            cp_size=C,
+            cp_rank=r,
+        )
+        for r in range(C)
+    ]
 
 
 def rows_of(n: int, width: int, heads: int = 2, base: float = 1.0) -> torch.Tensor:
@@ -101,7 +130,9 @@ def test_a_rank_handed_only_its_own_tokens_writes_the_same_rows(C):
     whole, own = mha_pools(C), mha_pools(C)
     rows_mod.write_kv_rows(whole, Layer(0), loc, k, k)
     for r, pool in enumerate(own):
-        mine = torch.tensor([i for i, s in enumerate(loc.tolist()) if oracle.owned(s, r, C, P)], dtype=torch.int64)
+        mine = torch.tensor(
+            [i for i, s in enumerate(loc.tolist()) if oracle.owned(s, r, C, P)], dtype=torch.int64
+        )
         pool.set_kv_buffer(Layer(0), loc[mine], k[mine], k[mine])
         assert torch.equal(pool.k_buffer[0], whole[r].k_buffer[0])
 
@@ -113,16 +144,38 @@ def test_sglangs_stock_pool_writes_past_its_buffer_where_cpkvs_stays_inside():
     zero = torch.tensor([0])
     loc = alloc.alloc_extend(zero, zero, torch.tensor([40]), torch.tensor([40]), torch.tensor([-1]), 40)
     assert int(loc.max()) >= RANK_TOKENS + P
-    stock = MHATokenToKVPool(size=64, page_size=4, dtype=torch.float32, head_num=2, head_dim=8, layer_num=1,
-                             device="cpu", enable_memory_saver=False)  # fmt: skip
+    stock = MHATokenToKVPool(
+        size=64,
+        page_size=4,
+        dtype=torch.float32,
+        head_num=2,
+        head_dim=8,
+        layer_num=1,
+        device="cpu",
+        enable_memory_saver=False,
+    )
     k = rows_of(40, 8)
     with pytest.raises((IndexError, RuntimeError)):
         stock.set_kv_buffer(Layer(0), loc, k, k)
-    pools = [rows_mod.OwnerLaneMHATokenToKVPool(size=64, page_size=4, dtype=torch.float32, head_num=2, head_dim=8,
-                                                layer_num=1, device="cpu", enable_memory_saver=False, cp_size=8,
-                                                cp_rank=r) for r in range(8)]  # fmt: skip
+    pools = [
+        rows_mod.OwnerLaneMHATokenToKVPool(
+            size=64,
+            page_size=4,
+            dtype=torch.float32,
+            head_num=2,
+            head_dim=8,
+            layer_num=1,
+            device="cpu",
+            enable_memory_saver=False,
+            cp_size=8,
+            cp_rank=r,
+        )
+        for r in range(8)
+    ]
     rows_mod.write_kv_rows(pools, Layer(0), loc, k, k)
-    assert max(int(p.owned_rows(loc)[1].max()) for p in pools) < RANK_TOKENS + P  # every rank owns some of 10 pages
+    assert (
+        max(int(p.owned_rows(loc)[1].max()) for p in pools) < RANK_TOKENS + P
+    )  # every rank owns some of 10 pages
     assert torch.equal(rows_mod.read_kv_rows(pools, 0, loc)[0], k)
 
 
@@ -152,10 +205,23 @@ def test_dsa_pool_builds_on_cpu_and_writes_latent_rows_on_its_lane(C):
     owners = alloc.last_plan.token_owner.tolist()
     latent = rows_of(300, 12, heads=1)
     with get_parallel().override(dcp_enabled=False, attn_dcp_size=1, attn_dcp_rank=0):  # no decode CP
-        pools = [rows_mod.OwnerLaneDSATokenToKVPool(size=size, page_size=page, kv_lora_rank=8, dtype=torch.float32,
-                                                    qk_rope_head_dim=4, layer_num=1, device="cpu", index_head_dim=128,
-                                                    enable_memory_saver=False, kv_cache_dim=12, cp_size=C, cp_rank=r)
-                 for r in range(C)]  # fmt: skip
+        pools = [
+            rows_mod.OwnerLaneDSATokenToKVPool(
+                size=size,
+                page_size=page,
+                kv_lora_rank=8,
+                dtype=torch.float32,
+                qk_rope_head_dim=4,
+                layer_num=1,
+                device="cpu",
+                index_head_dim=128,
+                enable_memory_saver=False,
+                kv_cache_dim=12,
+                cp_size=C,
+                cp_rank=r,
+            )
+            for r in range(C)
+        ]
         rows_mod.write_kv_rows(pools, Layer(0), loc, latent)
     assert isinstance(pools[0], DSATokenToKVPool)
     for r, pool in enumerate(pools):
@@ -205,9 +271,10 @@ def test_sglangs_slot_moving_writers_are_refused_at_cp_size_above_1():
         "get_cpu_copy": lambda: pool.get_cpu_copy(loc),
         "load_cpu_copy": lambda: pool.load_cpu_copy(None, loc),
         "move_kv_cache": lambda: pool.move_kv_cache(loc, loc),
-        "set_kv_buffer_prefix_valid": lambda: pool.set_kv_buffer_prefix_valid(Layer(0), loc.reshape(1, 4),
-                                                                              torch.tensor([4]), *[rows_of(4, 8)] * 2),
-    }  # fmt: skip
+        "set_kv_buffer_prefix_valid": lambda: pool.set_kv_buffer_prefix_valid(
+            Layer(0), loc.reshape(1, 4), torch.tensor([4]), *[rows_of(4, 8)] * 2
+        ),
+    }
     for name, call in calls.items():
         with pytest.raises(ConfigError, match=f"^{name} .* cpkv's owner lanes do not serve at cp_size=2"):
             call()
@@ -233,4 +300,6 @@ def test_the_write_plan_is_computed_once_a_batch_and_again_when_out_cache_loc_ch
     assert pool.owned_rows(moved) is not first and torch.equal(pool.owned_rows(moved)[1], first[1])
     moved.copy_(torch.flip(loc, [0]))  # same storage, new contents
     index, rows = pool.owned_rows(moved)
-    assert index.tolist() == [39 - i for i in reversed(first[0].tolist())] and torch.equal(rows, first[1].flip(0))
+    assert index.tolist() == [39 - i for i in reversed(first[0].tolist())] and torch.equal(
+        rows, first[1].flip(0)
+    )

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)")
+pytest.importorskip(
+    "cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)"
+)
 pytest.importorskip("sglang.srt.mem_cache.unified_radix_cache")
 
 pytestmark = [pytest.mark.sglang, pytest.mark.clause("C-RELOAD")]
@@ -69,21 +71,41 @@ def mooncake_master(tmp_path_factory):
     bin_dir = Path(sys.executable).parent
     for name in ("mooncake_master", "mooncake_client"):
         if not (bin_dir / name).exists():
-            pytest.fail(f"{bin_dir / name} is missing: install mooncake-transfer-engine-non-cuda (make test-sglang)")
+            pytest.fail(
+                f"{bin_dir / name} is missing: install mooncake-transfer-engine-non-cuda (make test-sglang)"
+            )
     rpc, http, metrics, store = free_port(), free_port(), free_port(), free_port()
     logs = tmp_path_factory.mktemp("mooncake")
     with (logs / "master.log").open("w") as master_log, (logs / "store.log").open("w") as store_log:
-        master = start([str(bin_dir / "mooncake_master"), f"--rpc_port={rpc}", "--rpc_address=127.0.0.1",
-                        "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
-                        f"--http_metadata_server_port={http}", f"--metrics_port={metrics}"], master_log)  # fmt: skip
+        master = start(
+            [
+                str(bin_dir / "mooncake_master"),
+                f"--rpc_port={rpc}",
+                "--rpc_address=127.0.0.1",
+                "--enable_http_metadata_server=true",
+                "--http_metadata_server_host=127.0.0.1",
+                f"--http_metadata_server_port={http}",
+                f"--metrics_port={metrics}",
+            ],
+            master_log,
+        )
         procs = [master]
         try:
             wait_for_port(rpc, master)
             wait_for_port(http, master)
             metadata = f"http://127.0.0.1:{http}/metadata"
-            holder = start([str(bin_dir / "mooncake_client"), f"--master_server_address=127.0.0.1:{rpc}",
-                            f"--metadata_server={metadata}", "--host=127.0.0.1", f"--port={store}",
-                            "--global_segment_size=64 MB", "--protocol=tcp"], store_log)  # fmt: skip
+            holder = start(
+                [
+                    str(bin_dir / "mooncake_client"),
+                    f"--master_server_address=127.0.0.1:{rpc}",
+                    f"--metadata_server={metadata}",
+                    "--host=127.0.0.1",
+                    f"--port={store}",
+                    "--global_segment_size=64 MB",
+                    "--protocol=tcp",
+                ],
+                store_log,
+            )
             procs.append(holder)
             wait_for_port(store, holder)
             yield {
@@ -109,11 +131,20 @@ def backend_env(request, tmp_path):
 
 def run_jobs(role: str, env: dict, jobs: list[dict]) -> list[dict]:
     """Run ``l3_roundtrip.py ROLE`` in a process of its own under ``env``; its JSON results, one per job."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "CPKV_", "MOONCAKE_"))} | env
-    run = subprocess.run([sys.executable, str(HERE / "l3_roundtrip.py"), role, json.dumps(jobs)],
-                         env=environ, capture_output=True, text=True, timeout=300)  # fmt: skip
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "CPKV_", "MOONCAKE_"))
+    } | env
+    run = subprocess.run(
+        [sys.executable, str(HERE / "l3_roundtrip.py"), role, json.dumps(jobs)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = [line for line in run.stdout.splitlines() if line.startswith("L3RESULT ")]
-    assert run.returncode == 0 and lines, f"{role} failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert run.returncode == 0 and lines, (
+        f"{role} failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    )
     return json.loads(lines[-1].removeprefix("L3RESULT "))
 
 
@@ -125,15 +156,19 @@ def test_l3_prefix_loads_back_on_its_lanes_in_a_fresh_process(backend_env):
     """At each C in CP_SIZES a producer process stores a prefix in L3 and exits; a consumer process then
     loads each prefix back with a new cache and a new allocator."""
     backend, env = backend_env
-    made = run_jobs("produce", env, [{"backend": backend, "cp_size": C, "policy": "balanced"} for C in CP_SIZES])
+    made = run_jobs(
+        "produce", env, [{"backend": backend, "cp_size": C, "policy": "balanced"} for C in CP_SIZES]
+    )
     for C, m in zip(CP_SIZES, made, strict=True):
         assert m["lanes"][0] != 0, C  # balanced starts the prefix off lane 0, where the other page is
     if backend == "file":  # one page file a written-back page, its key naming the page's lane
         names = os.listdir(env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"])
         written = sorted(lane for m in made for w in m["writes"] for lane in w)
         assert sorted(int(n.split("_lane")[1].split("_")[0]) for n in names) == written
-    jobs = [{"backend": backend, "cp_size": C, "policy": "balanced", "tokens": m["tokens"]}
-            for C, m in zip(CP_SIZES, made, strict=True)]  # fmt: skip
+    jobs = [
+        {"backend": backend, "cp_size": C, "policy": "balanced", "tokens": m["tokens"]}
+        for C, m in zip(CP_SIZES, made, strict=True)
+    ]
     for C, m, got in zip(CP_SIZES, made, run_jobs("consume", env, jobs), strict=True):
         n = len(m["lanes"])
         assert got["before"] == [0, 0], C  # a fresh process: nothing on device or host

@@ -12,7 +12,9 @@ import types
 import pytest
 import torch
 
-sgl = pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)")
+sgl = pytest.importorskip(
+    "cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)"
+)
 paged = pytest.importorskip("sglang.srt.mem_cache.allocator.paged")
 
 from cpkv import AllocatorError, ConfigError  # noqa: E402
@@ -62,8 +64,15 @@ def test_platform_hook_class_is_built_with_sglangs_six_arguments():
 
 
 def test_at_cp_size_1_the_page_ids_are_sglangs():
-    ours, peer = make(page_size=4), paged.PagedTokenToKVPoolAllocator(32, 4, torch.float16, "cpu", None, False)
-    assert (ours.size, ours.num_pages, ours.available_size()) == (peer.size, peer.num_pages, peer.available_size())
+    ours, peer = (
+        make(page_size=4),
+        paged.PagedTokenToKVPoolAllocator(32, 4, torch.float16, "cpu", None, False),
+    )
+    assert (ours.size, ours.num_pages, ours.available_size()) == (
+        peer.size,
+        peer.num_pages,
+        peer.available_size(),
+    )
     assert ours.get_all_free_pages().tolist() == peer.get_all_free_pages().tolist() == list(range(1, 9))
 
 

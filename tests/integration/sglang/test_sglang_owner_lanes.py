@@ -12,7 +12,9 @@ import pytest
 import torch
 from sglang_workload import Side, Workload, i64
 
-sgl = pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)")
+sgl = pytest.importorskip(
+    "cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)"
+)
 
 from cpkv import OWNER_POLICIES  # noqa: E402
 
@@ -22,12 +24,19 @@ Allocator = sgl.OwnerLaneTokenToKVPoolAllocator
 
 
 def make(C, P, rank_pages, policy, need_sort=False):
-    return Allocator(rank_pages * P, P, torch.bfloat16, "cpu", None, need_sort, cp_size=C, owner_policy=policy)
+    return Allocator(
+        rank_pages * P, P, torch.bfloat16, "cpu", None, need_sort, cp_size=C, owner_policy=policy
+    )
 
 
 def state(alloc) -> tuple:
     """Everything a failed call must leave as it was: free pages (and their order), floor, plan."""
-    return (alloc.lanes.state_digest(), alloc.get_all_free_pages().tolist(), alloc.available_size(), alloc.last_plan)
+    return (
+        alloc.lanes.state_digest(),
+        alloc.get_all_free_pages().tolist(),
+        alloc.available_size(),
+        alloc.last_plan,
+    )
 
 
 def lane_floor(alloc) -> int:
@@ -54,7 +63,9 @@ def test_every_slot_is_on_its_computing_rank_and_none_changes_nothing(C, need_so
         if op[0] == "extend":
             prefix = [len(side.rows.get(rid, [])) for rid, _ in op[1]]
             seq = [p + e for p, (_, e) in zip(prefix, op[1], strict=True)]
-            demand = alloc.get_extend_allocation_demand(i64(prefix), i64(seq), conservative_num_tokens=0, shard_size=1)
+            demand = alloc.get_extend_allocation_demand(
+                i64(prefix), i64(seq), conservative_num_tokens=0, shard_size=1
+            )
         got = side.apply(op)
         if got is None:
             nones += 1
@@ -121,7 +132,9 @@ def test_extend_demand_guarantees_the_batch_fits(C, policy):
         )
         assert demand >= conservative and (C > 1 or demand == conservative)
         fits = alloc.available_size() >= demand
-        out = alloc.alloc_extend(i64(prefix), i64(prefix), i64(extend), i64(extend), i64([-1] * B), sum(extend))
+        out = alloc.alloc_extend(
+            i64(prefix), i64(prefix), i64(extend), i64(extend), i64([-1] * B), sum(extend)
+        )
         assert out is not None or not fits
         if out is not None and rng.random() < 0.6:
             alloc.free(out)

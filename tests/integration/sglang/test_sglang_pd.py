@@ -16,7 +16,9 @@ import pytest
 import torch
 from sglang_topology import cp_topology
 
-sgl = pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)")
+sgl = pytest.importorskip(
+    "cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)"
+)
 hooks = pytest.importorskip("cpkv.integrations.sglang_hooks")
 rows_mod = pytest.importorskip("cpkv.integrations.sglang_kv_rows")
 
@@ -109,9 +111,21 @@ def test_every_cp_rank_sends_its_own_pages_and_together_they_cover_the_request_o
     pages = kv_to_page_indices(row, P)  # SGLang's page ids of the row: 12 pages
     assert len(pages) == len(owners) == -(-TOTAL // P)
     # each rank's K/V rows, written through SGLang's pools with cpkv's write door when they were computed
-    pools = [rows_mod.OwnerLaneMHATokenToKVPool(size=RANK_TOKENS, page_size=P, dtype=torch.float32, head_num=1,
-                                                head_dim=4, layer_num=1, device="cpu", enable_memory_saver=False,
-                                                cp_size=C, cp_rank=r) for r in range(C)]  # fmt: skip
+    pools = [
+        rows_mod.OwnerLaneMHATokenToKVPool(
+            size=RANK_TOKENS,
+            page_size=P,
+            dtype=torch.float32,
+            head_num=1,
+            head_dim=4,
+            layer_num=1,
+            device="cpu",
+            enable_memory_saver=False,
+            cp_size=C,
+            cp_rank=r,
+        )
+        for r in range(C)
+    ]
     k = torch.arange(TOTAL, dtype=torch.float32)[:, None, None].expand(TOTAL, 1, 4) + 1
     rows_mod.write_kv_rows(pools, Layer(), row, k, k)
     dst = [100 + 3 * i for i in range(len(pages))]  # the decode's own page ids for this request
@@ -122,7 +136,9 @@ def test_every_cp_rank_sends_its_own_pages_and_together_they_cover_the_request_o
         assert (mgr.kv_shard_size, mgr.kv_shard_rank) == (C, r)
         for local, positions in sends(sender_of(mgr, len(pages)), pages, chunks=(5, len(pages) - 5)):
             for lp, pos in zip(local, positions, strict=True):
-                assert owners[pos] == r == pages[pos] % C and lp == pages[pos] // C  # the page's owner sends it
+                assert (
+                    owners[pos] == r == pages[pos] % C and lp == pages[pos] // C
+                )  # the page's owner sends it
                 assert lp * P == int(pools[r].layout.write_slots(torch.tensor([pages[pos] * P]))[0])
                 decode_k[dst[pos] * P : dst[pos] * P + P] = pools[r].k_buffer[0][lp * P : lp * P + P]
                 covered.append(pos)
@@ -165,8 +181,15 @@ def test_the_decode_side_stays_unsharded_and_pulls_from_every_prefill_cp_rank(C,
     cpkv_prefill(1)
     mgr = manager(1, 0, DisaggregationMode.DECODE)
     assert "kv_shard_size" not in vars(mgr) and mgr.kv_shard_size == 1
-    prefill = dict(attn_tp_size=1, attn_cp_size=C, dp_size=1, pp_size=1, page_size=P, kv_cache_dtype="auto",
-                   follow_bootstrap_room=True)  # fmt: skip
+    prefill = dict(
+        attn_tp_size=1,
+        attn_cp_size=C,
+        dp_size=1,
+        pp_size=1,
+        page_size=P,
+        kv_cache_dtype="auto",
+        follow_bootstrap_room=True,
+    )
     mgr = decode_manager(False)  # what SGLang's __init__ computes for a CP-1 decode
     hooks.pd_every_cp_rank_sends(None, mgr, None, DisaggregationMode.DECODE)
     info = PrefillServerInfo(**prefill)
@@ -184,7 +207,9 @@ def test_a_cp_rank_that_is_not_a_sender_or_a_cp_size_mismatch_is_one_line(cpkv_p
     cpkv_prefill(4)
     mgr = manager(4, 3)
     mgr.enable_all_cp_ranks_for_transfer = False  # what SGLang's CP-TP group sharing leaves
-    with pytest.raises(ConfigError, match=r"^PD prefill CP rank 3 of 4 is not a KV sender \(--enable-cp-tp-group-sharing\?\)"):
+    with pytest.raises(
+        ConfigError, match=r"^PD prefill CP rank 3 of 4 is not a KV sender \(--enable-cp-tp-group-sharing\?\)"
+    ):
         hooks.pd_every_cp_rank_sends(None, mgr, None, DisaggregationMode.PREFILL)
     mgr.enable_all_cp_ranks_for_transfer, mgr.is_dummy_cp_rank = True, False
     assert hooks.pd_every_cp_rank_sends(None, mgr, None, DisaggregationMode.PREFILL) is None

@@ -26,8 +26,11 @@ from cpkv import ConfigError  # noqa: E402
 pytestmark = pytest.mark.sglang
 
 # the in-tree platform cpkv's extends: SGLang's CPU platform under a CPU build of torch (as in CI)
-PLATFORM, BASE = ("OwnerLaneCudaPlatform", "cuda.CudaSRTPlatform") if torch.cuda.is_available() else (
-    "OwnerLaneCpuPlatform", "cpu.CpuSRTPlatform")  # fmt: skip
+PLATFORM, BASE = (
+    ("OwnerLaneCudaPlatform", "cuda.CudaSRTPlatform")
+    if torch.cuda.is_available()
+    else ("OwnerLaneCpuPlatform", "cpu.CpuSRTPlatform")
+)
 
 PROBE = """
     import json, torch
@@ -59,8 +62,13 @@ def start_sglang(**env: str) -> subprocess.CompletedProcess:
     """A fresh interpreter that imports SGLang's allocator configurator under ``env`` (no other SGLANG_ or
     CPKV_ variable) and prints what PROBE finds as JSON."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "CPKV_"))} | env
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(PROBE)], capture_output=True, text=True,
-                          timeout=240, env=environ)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(PROBE)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=environ,
+    )
 
 
 def test_cpkv_is_registered_under_sglangs_platform_entry_point_group():

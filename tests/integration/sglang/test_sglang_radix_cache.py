@@ -17,7 +17,9 @@ import pytest
 import torch
 from sglang_workload import i64
 
-sgl = pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)")
+sgl = pytest.importorskip(
+    "cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)"
+)
 radix = pytest.importorskip("sglang.srt.mem_cache.radix_cache")
 
 from sglang.srt.mem_cache.allocation import (  # noqa: E402
@@ -67,7 +69,9 @@ class Engine:
         lock = self.tree.lock(match.last_device_node)
         last = i64([int(prefix[-1]) if L0 else -1])
         n = len(tokens)
-        out = alloc_paged_token_slots_extend(self.tree, i64([L0]), i64([L0]), i64([n]), i64([n]), last, n - L0)
+        out = alloc_paged_token_slots_extend(
+            self.tree, i64([L0]), i64([L0]), i64([n]), i64([n]), last, n - L0
+        )
         self.running[rid] = [list(tokens), torch.cat([prefix, out]), L0, lock]
         return out.tolist()
 
@@ -89,7 +93,11 @@ class Engine:
         self.tree.unlock(lock)
 
     def check_accounting(self) -> None:
-        values = self.tree.all_values_flatten() if self.tree.root_node.children else torch.zeros(0, dtype=torch.int64)
+        values = (
+            self.tree.all_values_flatten()
+            if self.tree.root_node.children
+            else torch.zeros(0, dtype=torch.int64)
+        )
         tree_pages = (values // P).unique().tolist()
         assert self.tree.total_size() == len(tree_pages) * P  # the tree holds whole pages
         assert self.tree.evictable_size() + self.tree.protected_size() == self.tree.total_size()
@@ -116,14 +124,19 @@ def run(engines: list[Engine], seed: int, steps: int = 250) -> int:
                 e.finish(done)
         else:
             base = prompts[int(rng.integers(len(prompts)))]
-            tokens = base[: int(rng.integers(1, len(base) + 1))] + rng.integers(0, 50, size=int(rng.integers(0, 3 * P))).tolist()
+            tokens = (
+                base[: int(rng.integers(1, len(base) + 1))]
+                + rng.integers(0, 50, size=int(rng.integers(0, 3 * P))).tolist()
+            )
             outs = [e.admit(rid, tokens) for e in engines]
             assert all(o == outs[0] for o in outs)
             hits += engines[0].running[rid][2] > 0
             rid += 1
         for e in engines:
             e.check_accounting()
-        sizes = {(e.tree.evictable_size(), e.tree.protected_size(), e.alloc.available_size()) for e in engines}
+        sizes = {
+            (e.tree.evictable_size(), e.tree.protected_size(), e.alloc.available_size()) for e in engines
+        }
         assert len(sizes) == 1
     return hits
 

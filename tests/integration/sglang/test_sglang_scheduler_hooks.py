@@ -23,7 +23,9 @@ import pytest
 import torch
 from sglang_topology import cp_topology
 
-sgl = pytest.importorskip("cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)")
+sgl = pytest.importorskip(
+    "cpkv.integrations.sglang", reason="SGLang 0.5.23 does not import here (make test-sglang)"
+)
 hooks = pytest.importorskip("cpkv.integrations.sglang_hooks")
 checks = pytest.importorskip("cpkv.integrations.sglang_checks")
 scheduler_mod = pytest.importorskip("sglang.srt.managers.scheduler")
@@ -79,7 +81,9 @@ def start(before: str = "", **env: str) -> subprocess.CompletedProcess:
     ``load_plugins()`` after ``before`` and prints what it finds as JSON."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "CPKV_"))} | env
     code = textwrap.dedent(PROBE.format(before=before))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=environ)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=environ
+    )
 
 
 def last_json(done: subprocess.CompletedProcess) -> dict:
@@ -89,7 +93,9 @@ def last_json(done: subprocess.CompletedProcess) -> dict:
 
 def test_pyproject_registers_the_general_plugin_entry_point():
     pyproject = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
-    assert pyproject["project"]["entry-points"]["sglang.srt.plugins"] == {"cpkv": "cpkv.integrations.sglang_hooks:register"}
+    assert pyproject["project"]["entry-points"]["sglang.srt.plugins"] == {
+        "cpkv": "cpkv.integrations.sglang_hooks:register"
+    }
     installed = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")}
     assert installed.get("cpkv") == "cpkv.integrations.sglang_hooks:register"
 
@@ -113,8 +119,10 @@ def test_a_hook_that_does_not_apply_stops_the_start_with_one_line_naming_it():
     """The checker's method renamed away (as another SGLang release might): the start stops, exit 1, the
     last line of stderr names the target."""
     target = hooks.TARGETS["check_full_pool"]
-    before = ("from sglang.srt.managers.scheduler_components.invariant_checker import SchedulerInvariantChecker\n"
-              "    del SchedulerInvariantChecker._check_full_pool")  # fmt: skip
+    before = (
+        "from sglang.srt.managers.scheduler_components.invariant_checker import SchedulerInvariantChecker\n"
+        "    del SchedulerInvariantChecker._check_full_pool"
+    )
     done = start(before, SGLANG_PLATFORM="cpkv", CPKV_CP_SIZE="4")
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.strip().splitlines()[-1] == (
@@ -124,7 +132,11 @@ def test_a_hook_that_does_not_apply_stops_the_start_with_one_line_naming_it():
 
 
 def test_another_sglang_version_stops_the_start_with_one_line_naming_it():
-    done = start("import sglang.version; sglang.version.__version__ = '0.5.22'", SGLANG_PLATFORM="cpkv", CPKV_CP_SIZE="2")
+    done = start(
+        "import sglang.version; sglang.version.__version__ = '0.5.22'",
+        SGLANG_PLATFORM="cpkv",
+        CPKV_CP_SIZE="2",
+    )
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.strip().splitlines()[-1] == (
         "cpkv: SGLang 0.5.22 is installed but cpkv's SGLang plugin is pinned to 0.5.23 (its hooks name that "
@@ -191,8 +203,11 @@ def test_scheduler_sees_the_groups_capacity_and_the_checker_finds_no_leak(C, cpk
     s = stand_in_scheduler(alloc, tree)
     assert s.kv_shard_widening == C and s.invariant_checker.max_total_num_tokens == C * RANK_TOKENS
     free = alloc.aggregate_free_size()
-    assert full_pool_check(s) == (False, f"[full] total={C * RANK_TOKENS}, available={free}, evictable=20, "
-                                         "protected=0, session_held=0, uncached=0")  # fmt: skip
+    assert full_pool_check(s) == (
+        False,
+        f"[full] total={C * RANK_TOKENS}, available={free}, evictable=20, "
+        "protected=0, session_held=0, uncached=0",
+    )
     # widened but the checker's free term left at the floor: the missing pages read as a leak
     leak, msg = full_pool_check(s, checker_hook=False)
     assert leak and f"available={alloc.available_size()}," in msg
@@ -201,24 +216,37 @@ def test_scheduler_sees_the_groups_capacity_and_the_checker_finds_no_leak(C, cpk
     bare = stand_in_scheduler(alloc, tree)
     assert bare.kv_shard_widening == 1
     leak, msg = full_pool_check(bare)
-    assert leak and msg.startswith(f"[full] total={RANK_TOKENS}, available={alloc.available_size()}, evictable=20")
+    assert leak and msg.startswith(
+        f"[full] total={RANK_TOKENS}, available={alloc.available_size()}, evictable=20"
+    )
 
 
 @pytest.mark.parametrize("C", [2, 3, 4, 8])
-def test_prefill_adder_reserves_a_page_a_lane_and_sglang_passes_no_rotation_bases(C, cpkv_selected, monkeypatch):
+def test_prefill_adder_reserves_a_page_a_lane_and_sglang_passes_no_rotation_bases(
+    C, cpkv_selected, monkeypatch
+):
     cpkv_selected(C)
     alloc, tree = cached_chain(C)
 
     def adder():
-        return PrefillAdder(P, tree, alloc, running_batch=types.SimpleNamespace(reqs=[]), new_token_ratio=0.5,
-                            rem_input_tokens=64, rem_chunk_tokens=None)  # fmt: skip
+        return PrefillAdder(
+            P,
+            tree,
+            alloc,
+            running_batch=types.SimpleNamespace(reqs=[]),
+            new_token_ratio=0.5,
+            rem_input_tokens=64,
+            rem_chunk_tokens=None,
+        )
 
     a = adder()
     assert a.per_req_token_overhead == C * P
     assert (a.kv_shard_size, a.kv_shard_scratch_spec, page_interleave_shard_size(alloc)) == (1, None, 1)
     seen = []
     alloc_extend = alloc.alloc_extend
-    monkeypatch.setattr(alloc, "alloc_extend", lambda *a, **kw: seen.append(sorted(kw)) or alloc_extend(*a, **kw))
+    monkeypatch.setattr(
+        alloc, "alloc_extend", lambda *a, **kw: seen.append(sorted(kw)) or alloc_extend(*a, **kw)
+    )
     i64 = lambda v: torch.tensor([v])  # noqa: E731
     out = alloc_paged_token_slots_extend(tree, i64(0), i64(0), i64(2 * P), i64(2 * P), i64(-1), 2 * P)
     assert out is not None and seen == [[]]  # SGLang's shard size 1: no rotation_bases keyword
@@ -236,26 +264,43 @@ def one_line(exc: pytest.ExceptionInfo) -> str:
 @pytest.mark.parametrize(
     ("args", "cp_size", "message"),
     [
-        ({"attn_cp_size": 2}, 4, "CPKV_CP_SIZE=4 but SGLang's attention CP size is attn_cp_size=2: set CPKV_CP_SIZE "
-                                 "to the --attn-cp-size SGLang runs"),  # fmt: skip
-        ({"attn_cp_size": 4, "enable_kv_cache_sharding": True}, 4, "--enable-kv-cache-sharding "
-         "(enable_kv_cache_sharding=True) is set with SGLANG_PLATFORM=cpkv"),  # fmt: skip
+        (
+            {"attn_cp_size": 2},
+            4,
+            "CPKV_CP_SIZE=4 but SGLang's attention CP size is attn_cp_size=2: set CPKV_CP_SIZE "
+            "to the --attn-cp-size SGLang runs",
+        ),
+        (
+            {"attn_cp_size": 4, "enable_kv_cache_sharding": True},
+            4,
+            "--enable-kv-cache-sharding (enable_kv_cache_sharding=True) is set with SGLANG_PLATFORM=cpkv",
+        ),
         ({"attn_cp_size": 1, "enable_kv_cache_sharding": True}, 1, "--enable-kv-cache-sharding"),
-        ({"attn_cp_size": 4, "enable_hisparse": True}, 4, "--enable-hisparse (enable_hisparse=True) at CPKV_CP_SIZE=4: "
-         "cpkv's owner lanes serve full-attention paged pools only"),  # fmt: skip
+        (
+            {"attn_cp_size": 4, "enable_hisparse": True},
+            4,
+            "--enable-hisparse (enable_hisparse=True) at CPKV_CP_SIZE=4: "
+            "cpkv's owner lanes serve full-attention paged pools only",
+        ),
     ],
 )
 def test_bad_launch_flags_get_one_line_naming_the_value(monkeypatch, args, cp_size, message):
     """Through the cpkv platform's ``apply_server_args_defaults`` (SGLang calls it after parsing its
     ServerArgs); the flags are ServerArgs fields of 0.5.23."""
     plugin = pytest.importorskip("cpkv.integrations.sglang_platform")
-    assert {"attn_cp_size", "enable_kv_cache_sharding", "enable_hisparse"} <= set(ServerArgs.__struct_fields__)
+    assert {"attn_cp_size", "enable_kv_cache_sharding", "enable_hisparse"} <= set(
+        ServerArgs.__struct_fields__
+    )
     monkeypatch.setenv("CPKV_CP_SIZE", str(cp_size))
-    server_args = types.SimpleNamespace(**({"enable_kv_cache_sharding": False, "enable_hisparse": False} | args))
+    server_args = types.SimpleNamespace(
+        **({"enable_kv_cache_sharding": False, "enable_hisparse": False} | args)
+    )
     with pytest.raises(ConfigError) as exc:
         plugin.OwnerLaneCpuPlatform().apply_server_args_defaults(server_args)
     assert one_line(exc).startswith(message)
-    plugin.OwnerLaneCpuPlatform().apply_server_args_defaults(types.SimpleNamespace(attn_cp_size=cp_size))  # fine
+    plugin.OwnerLaneCpuPlatform().apply_server_args_defaults(
+        types.SimpleNamespace(attn_cp_size=cp_size)
+    )  # fine
 
 
 @pytest.mark.parametrize(
@@ -263,8 +308,11 @@ def test_bad_launch_flags_get_one_line_naming_the_value(monkeypatch, args, cp_si
     [
         ("swa", "a sliding-window (SWA) model (is_hybrid_swa=True) at CPKV_CP_SIZE=4"),
         ("hisparse", "--enable-hisparse (enable_hisparse=True) at CPKV_CP_SIZE=4"),
-        ("page1", "SGLang's TokenToKVPoolAllocator (page_size=1) at CPKV_CP_SIZE=4: cpkv's owner lanes serve "
-                  "full-attention paged pools only (page_size=1 takes SGLang's token allocator: use --page-size > 1)"),  # fmt: skip
+        (
+            "page1",
+            "SGLang's TokenToKVPoolAllocator (page_size=1) at CPKV_CP_SIZE=4: cpkv's owner lanes serve "
+            "full-attention paged pools only (page_size=1 takes SGLang's token allocator: use --page-size > 1)",
+        ),
         ("cp", "CPKV_CP_SIZE=4 but SGLang's attention CP size is attn_cp_size=2"),
     ],
 )
@@ -272,7 +320,11 @@ def test_a_scheduler_cpkv_cannot_serve_stops_with_one_line(cpkv_selected, kind, 
     """At C > 1 the scheduler's allocator must be cpkv's: SWA, HiSparse and page_size 1 get SGLang's own."""
     cpkv_selected(4)
     s = object.__new__(Scheduler)
-    s.is_hybrid_swa, s.enable_hisparse, s.page_size = kind == "swa", kind == "hisparse", 1 if kind == "page1" else P
+    s.is_hybrid_swa, s.enable_hisparse, s.page_size = (
+        kind == "swa",
+        kind == "hisparse",
+        1 if kind == "page1" else P,
+    )
     if kind == "page1":
         s.token_to_kv_pool_allocator = TokenToKVPoolAllocator(64, torch.float32, "cpu", None, False)
     else:

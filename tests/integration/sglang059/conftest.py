@@ -23,6 +23,8 @@ else:
 
 if os.environ.get("CPKV_REQUIRE_SGLANG") == "1":
     if installed != SGLANG_VERSION:
-        raise RuntimeError(f"tests/integration/sglang059 needs sglang {SGLANG_VERSION}, found {installed} "
-                           "(make test-sglang runs them in .venv-sglang059)")  # fmt: skip
+        raise RuntimeError(
+            f"tests/integration/sglang059 needs sglang {SGLANG_VERSION}, found {installed} "
+            "(make test-sglang runs them in .venv-sglang059)"
+        )
     import sglang.srt.layers.attention.nsa.utils  # noqa: F401  (fails collection loudly when it does not import)

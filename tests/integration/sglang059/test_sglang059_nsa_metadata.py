@@ -40,8 +40,17 @@ if importlib.metadata.version("sglang") != "0.5.9":
 pytestmark = pytest.mark.sglang
 
 CASES = 600
-PER_RANK = ("zigzag_index", "kv_len_prev", "kv_len_next", "actual_seq_q_prev", "actual_seq_q_next",
-            "kv_len_prev_tensor", "kv_len_next_tensor", "actual_seq_q_prev_tensor", "actual_seq_q_next_tensor")  # fmt: skip
+PER_RANK = (
+    "zigzag_index",
+    "kv_len_prev",
+    "kv_len_next",
+    "actual_seq_q_prev",
+    "actual_seq_q_next",
+    "kv_len_prev_tensor",
+    "kv_len_next_tensor",
+    "actual_seq_q_prev_tensor",
+    "actual_seq_q_next_tensor",
+)
 
 
 @pytest.fixture

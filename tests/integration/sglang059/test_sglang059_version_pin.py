@@ -14,13 +14,18 @@ try:
 except importlib.metadata.PackageNotFoundError:  # make test's venv: tests/integration/sglang would import as
     INSTALLED = None  # a namespace package called sglang, so the version is read from the installed metadata
 
-pytestmark = [pytest.mark.sglang, pytest.mark.skipif(INSTALLED != "0.5.9", reason="needs sglang 0.5.9 (.venv-sglang059)")]
+pytestmark = [
+    pytest.mark.sglang,
+    pytest.mark.skipif(INSTALLED != "0.5.9", reason="needs sglang 0.5.9 (.venv-sglang059)"),
+]
 
 hooks = pytest.importorskip("cpkv.integrations.sglang_hooks")
 checks = pytest.importorskip("cpkv.integrations.sglang_checks")
 
-LINE = ("cpkv: SGLang 0.5.9 is installed but cpkv's SGLang plugin is pinned to 0.5.23 (its hooks name that "
-        "release's functions): install sglang==0.5.23 or unset SGLANG_PLATFORM")  # fmt: skip
+LINE = (
+    "cpkv: SGLang 0.5.9 is installed but cpkv's SGLang plugin is pinned to 0.5.23 (its hooks name that "
+    "release's functions): install sglang==0.5.23 or unset SGLANG_PLATFORM"
+)
 
 
 def test_the_general_plugin_refuses_sglang_059_with_one_line(monkeypatch):

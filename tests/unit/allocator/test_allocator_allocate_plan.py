@@ -16,10 +16,16 @@ pytestmark = [pytest.mark.unit, pytest.mark.clause("C-ALLOC", "C-ATOMIC", "C-BAL
 
 
 @settings(max_examples=150, deadline=None)
-@given(C=st.integers(1, 6), P=st.sampled_from([1, 4, 16]), policy=st.sampled_from(["balanced", "rotation", "legacy"]),
-       data=st.data())  # fmt: skip
+@given(
+    C=st.integers(1, 6),
+    P=st.sampled_from([1, 4, 16]),
+    policy=st.sampled_from(["balanced", "rotation", "legacy"]),
+    data=st.data(),
+)
 def test_allocate_of_the_plan_equals_alloc_extend(C, P, policy, data):
-    alloc = OwnerLaneAllocator(CPConfig(C, P, policy), data.draw(st.lists(st.integers(3, 12), min_size=C, max_size=C)))
+    alloc = OwnerLaneAllocator(
+        CPConfig(C, P, policy), data.draw(st.lists(st.integers(3, 12), min_size=C, max_size=C))
+    )
     for r in data.draw(st.lists(st.integers(0, C - 1), max_size=6), label="warm"):
         if alloc.free_pages_per_lane()[r] > 1:
             alloc.alloc_pages([r])

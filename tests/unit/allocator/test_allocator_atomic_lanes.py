@@ -73,10 +73,14 @@ def test_alloc_pages_short_on_lane_3():
 
 
 @given(
-    C=st.integers(2, 6), P=st.sampled_from([1, 4, 16]), policy=st.sampled_from(["rotation", "legacy", "balanced"]),
-    caps=st.lists(st.integers(1, 8), min_size=6, max_size=6), held=st.lists(st.integers(0, 5), max_size=10),
-    lens=st.lists(st.integers(0, 80), min_size=1, max_size=4), strategy=st.sampled_from(["zigzag", "interleave"]),
-)  # fmt: skip
+    C=st.integers(2, 6),
+    P=st.sampled_from([1, 4, 16]),
+    policy=st.sampled_from(["rotation", "legacy", "balanced"]),
+    caps=st.lists(st.integers(1, 8), min_size=6, max_size=6),
+    held=st.lists(st.integers(0, 5), max_size=10),
+    lens=st.lists(st.integers(0, 80), min_size=1, max_size=4),
+    strategy=st.sampled_from(["zigzag", "interleave"]),
+)
 @hsettings(max_examples=200, deadline=None)
 def test_any_short_lane_takes_nothing(C, P, policy, caps, held, lens, strategy):
     alloc = OwnerLaneAllocator(CPConfig(C, P, policy, strategy), caps[:C])
@@ -85,10 +89,14 @@ def test_any_short_lane_takes_nothing(C, P, policy, caps, held, lens, strategy):
             alloc.alloc_pages([r % C])
     free = alloc.free_pages_per_lane().tolist()
     need = [0] * C
-    phases = oracle.balanced_phases([0] * len(lens), lens, C, P, free, strategy) if policy == "balanced" else None
+    phases = (
+        oracle.balanced_phases([0] * len(lens), lens, C, P, free, strategy) if policy == "balanced" else None
+    )
     for i, E in enumerate(lens):  # the oracle's page owners (C-BALANCED sees the earlier requests' pages)
         phase = phases[i] if phases else None
-        for r in oracle.plan_request(0, E, C, P, i, phase=phase, policy=policy, strategy=strategy)["page_owners"]:
+        for r in oracle.plan_request(0, E, C, P, i, phase=phase, policy=policy, strategy=strategy)[
+            "page_owners"
+        ]:
             need[r] += 1
     short = [r for r in range(C) if need[r] > free[r]]
     if not short:

@@ -240,7 +240,9 @@ def test_large_requests_spread_evenly_whatever_the_phase(C, m, data):
     """Consequence (c): a request of m >= 2C pages gives every lane m // C or m // C + 1 pages."""
     if m < 2 * C:
         m += 2 * C
-    caps = data.draw(st.lists(st.integers(m + 1, 2 * m + 1), min_size=C, max_size=C), label="caps")  # + page 0
+    caps = data.draw(
+        st.lists(st.integers(m + 1, 2 * m + 1), min_size=C, max_size=C), label="caps"
+    )  # + page 0
     alloc = OwnerLaneAllocator(CPConfig(C, 1, "balanced"), caps)
     res = alloc.alloc_extend([0], [m], [-1])
     per_lane = np.bincount(res.new_pages % C, minlength=C)

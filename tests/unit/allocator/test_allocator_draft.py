@@ -219,7 +219,9 @@ def _twin_allocators(data, C, P, policy):
 
 
 @pytest.mark.clause("C-DRAFT")
-@given(C=st.integers(1, 6), P=st.sampled_from([1, 2, 4, 16]), policy=st.sampled_from(POLICIES), data=st.data())
+@given(
+    C=st.integers(1, 6), P=st.sampled_from([1, 2, 4, 16]), policy=st.sampled_from(POLICIES), data=st.data()
+)
 @hsettings(max_examples=150, deadline=None)
 def test_alloc_draft_equals_alloc_extend(C, P, policy, data):
     allocs, live = _twin_allocators(data, C, P, policy)
@@ -229,15 +231,25 @@ def test_alloc_draft_equals_alloc_extend(C, P, policy, data):
     k = data.draw(st.integers(1, 2 * P + 2), label="k")
     seq, lasts = [b[0] for b in batch], [b[1] for b in batch]
     results = []
-    for a, call in zip(allocs, (lambda a: a.alloc_draft(seq, lasts, k),
-                                lambda a: a.alloc_extend(seq, [k] * len(seq), lasts)), strict=True):  # fmt: skip
+    for a, call in zip(
+        allocs,
+        (lambda a: a.alloc_draft(seq, lasts, k), lambda a: a.alloc_extend(seq, [k] * len(seq), lasts)),
+        strict=True,
+    ):
         try:
             r = call(a)
         except LaneExhausted as e:
             results.append(("exhausted", e.lane, e.needed, e.available))
         else:
-            results.append(("ok", r.new_pages.tolist(), r.out_cache_loc.tolist(), r.plan.request_phases.tolist(),
-                            r.plan.page_owners.tolist()))  # fmt: skip
+            results.append(
+                (
+                    "ok",
+                    r.new_pages.tolist(),
+                    r.out_cache_loc.tolist(),
+                    r.plan.request_phases.tolist(),
+                    r.plan.page_owners.tolist(),
+                )
+            )
     assert results[0] == results[1]
     assert snapshot(allocs[0]) == snapshot(allocs[1])
     if results[0][0] == "ok":

@@ -59,15 +59,22 @@ class Req:
 
 
 class DraftMachine(RuleBasedStateMachine):
-    @initialize(C=st.integers(1, 6), P=st.sampled_from([1, 2, 4, 8]), policy=st.sampled_from(oracle.POLICIES),
-                strategy=st.sampled_from(oracle.STRATEGIES), data=st.data())  # fmt: skip
+    @initialize(
+        C=st.integers(1, 6),
+        P=st.sampled_from([1, 2, 4, 8]),
+        policy=st.sampled_from(oracle.POLICIES),
+        strategy=st.sampled_from(oracle.STRATEGIES),
+        data=st.data(),
+    )
     def setup(self, C, P, policy, strategy, data):
         if data.draw(st.booleans(), label="unequal"):
             caps = data.draw(st.lists(st.integers(1, 7), min_size=C, max_size=C), label="caps")
         else:
             caps = [data.draw(st.integers(2, 7), label="Q")] * C
         self.C, self.P, self.caps = C, P, caps
-        self.alloc = OwnerLaneAllocator(CPConfig(C, P, policy, strategy), caps if len(set(caps)) > 1 else caps[0])
+        self.alloc = OwnerLaneAllocator(
+            CPConfig(C, P, policy, strategy), caps if len(set(caps)) > 1 else caps[0]
+        )
         self.usable = [q - (r == 0) for r, q in enumerate(caps)]
         self.reqs: dict[int, Req] = {}
         self.next_id = 0
@@ -90,7 +97,11 @@ class DraftMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def extend(self, data):
         """Prefill a batch of new requests and continuations of idle ones."""
-        ids = data.draw(st.lists(st.sampled_from(self.idle()), unique=True, max_size=2), label="cont") if self.idle() else []
+        ids = (
+            data.draw(st.lists(st.sampled_from(self.idle()), unique=True, max_size=2), label="cont")
+            if self.idle()
+            else []
+        )
         ids += [None] * data.draw(st.integers(0 if ids else 1, 2), label="new")
         Es = [data.draw(st.integers(0, 3 * self.P + 1), label="E") for _ in ids]
         reqs = [self.reqs[r] if r is not None else Req() for r in ids]
@@ -121,7 +132,9 @@ class DraftMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def draft(self, data):
         """A speculative step for a few idle requests: k slots each from alloc_draft, pending verification."""
-        ids = data.draw(st.lists(st.sampled_from(self.idle()), unique=True, min_size=1, max_size=3), label="ids")
+        ids = data.draw(
+            st.lists(st.sampled_from(self.idle()), unique=True, min_size=1, max_size=3), label="ids"
+        )
         k = data.draw(st.integers(1, 2 * self.P + 1), label="k")
         reqs = [self.reqs[r] for r in ids]
         before = snapshot(self.alloc)
@@ -180,8 +193,12 @@ class DraftMachine(RuleBasedStateMachine):
         q = self.reqs[data.draw(st.sampled_from(self.pending()), label="rid")]
         pages = q.pages + q.draft[2]
         free_ids = np.flatnonzero(self.alloc.is_free(np.arange(self.alloc.num_pages))).tolist()
-        cases = [(pages, len(pages) * self.P + 1), (pages, -1), (pages + [0], q.seq_len),
-                 (pages + [self.alloc.num_pages], q.seq_len)]  # fmt: skip
+        cases = [
+            (pages, len(pages) * self.P + 1),
+            (pages, -1),
+            (pages + [0], q.seq_len),
+            (pages + [self.alloc.num_pages], q.seq_len),
+        ]
         if pages:
             cases.append((pages + pages[-1:], q.seq_len))
         if free_ids:
@@ -224,4 +241,6 @@ class DraftMachine(RuleBasedStateMachine):
 @pytest.mark.clause("C-DRAFT")
 @pytest.mark.clause("C-ATOMIC")
 def test_draft_state_machine():
-    run_state_machine_as_test(DraftMachine, settings=hsettings(max_examples=80, stateful_step_count=30, deadline=None))
+    run_state_machine_as_test(
+        DraftMachine, settings=hsettings(max_examples=80, stateful_step_count=30, deadline=None)
+    )

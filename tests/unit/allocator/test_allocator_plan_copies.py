@@ -88,8 +88,12 @@ COPIES = ("copy.copy", "dataclasses.replace", "copy.deepcopy", "pickle")
 
 
 @settings(max_examples=300, deadline=None)
-@given(C=st.integers(1, 4), P=st.sampled_from([1, 2, 4]), policy=st.sampled_from(["rotation", "legacy", "balanced"]),
-       data=st.data())  # fmt: skip
+@given(
+    C=st.integers(1, 4),
+    P=st.sampled_from([1, 2, 4]),
+    policy=st.sampled_from(["rotation", "legacy", "balanced"]),
+    data=st.data(),
+)
 def test_random_plan_copy_commit_free_never_hands_out_a_slot_twice(C, P, policy, data):
     alloc = OwnerLaneAllocator(CPConfig(C, P, policy), data.draw(st.integers(2, 6), label="Q"))
     held = HeldSlots(P)
@@ -118,7 +122,9 @@ def test_random_plan_copy_commit_free_never_hands_out_a_slot_twice(C, P, policy,
             plan, rid, L0, last, fam, was = data.draw(st.sampled_from(pending), label="of")
             how = data.draw(st.sampled_from(COPIES), label="how")
             copied = {**SHALLOW, **DEEP}[how](plan)
-            pending.append((copied, rid, L0, last, fam, was if was in DEEP else how))  # a copy of a deep copy is deep
+            pending.append(
+                (copied, rid, L0, last, fam, was if was in DEEP else how)
+            )  # a copy of a deep copy is deep
         elif op == "commit" and pending:
             i = data.draw(st.integers(0, len(pending) - 1), label="which")
             plan, rid, L0, last, fam, how = pending.pop(i)
@@ -128,7 +134,9 @@ def test_random_plan_copy_commit_free_never_hands_out_a_slot_twice(C, P, policy,
             except (StalePlanError, LaneExhausted, AllocatorError) as e:
                 assert snapshot(alloc) == state, "a refused commit changed the pool"
                 if isinstance(e, StalePlanError):
-                    assert fam in spent or how in DEEP or policy == "balanced", f"{how} of family {fam} refused: {e}"
+                    assert fam in spent or how in DEEP or policy == "balanced", (
+                        f"{how} of family {fam} refused: {e}"
+                    )
                 continue
             held.take(rid, got.out_cache_loc_cpu.tolist())  # no slot held already (the independent check)
             assert fam not in spent, f"family {fam} committed twice ({how})"

@@ -26,9 +26,11 @@ def _held_prefix(policy: str = "rotation") -> tuple[OwnerLaneAllocator, int]:
 
 
 def _message(last: int) -> str:
-    return (f"requests 0 and 1: last_loc={last} and last_loc={last} lie on page {last // 4}, partly filled, and "
-            "both extend it: their head tokens would take the same slots (copy a shared partly filled page "
-            "before extending it)")  # fmt: skip
+    return (
+        f"requests 0 and 1: last_loc={last} and last_loc={last} lie on page {last // 4}, partly filled, and "
+        "both extend it: their head tokens would take the same slots (copy a shared partly filled page "
+        "before extending it)"
+    )
 
 
 @pytest.mark.parametrize("policy", ["rotation", "legacy", "balanced"])
@@ -63,8 +65,10 @@ def test_sharing_whole_pages_or_not_extending_is_fine():
 
 
 @hsettings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 9)), min_size=2, max_size=6), st.sampled_from(
-    ["rotation", "legacy", "balanced"]))
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 9)), min_size=2, max_size=6),
+    st.sampled_from(["rotation", "legacy", "balanced"]),
+)
 def test_no_slot_is_handed_out_twice_in_one_call(rows, policy):
     # Requests continue one of four held sequences (random lengths 1..9 tokens on), or raise; when the call
     # succeeds no slot appears twice, and when it raises the state is unchanged.

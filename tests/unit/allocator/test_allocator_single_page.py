@@ -26,8 +26,16 @@ from cpkv import BatchPlan, CPConfig, CpkvError, OwnerLaneAllocator
 pytestmark = pytest.mark.unit
 
 POLICIES = ("rotation", "legacy", "balanced")
-BAD = ("negative_prefix", "free_page", "inconsistent", "fresh_with_last", "missing_last", "out_of_range",
-       "page_zero", "missing_page")  # fmt: skip
+BAD = (
+    "negative_prefix",
+    "free_page",
+    "inconsistent",
+    "fresh_with_last",
+    "missing_last",
+    "out_of_range",
+    "page_zero",
+    "missing_page",
+)
 
 
 @st.composite
@@ -90,7 +98,10 @@ def as_form(values, form):
 
 def assert_same_plan(got: BatchPlan, want: BatchPlan, read_only: bool = True) -> None:
     # every field but the stamp (who made the plan, not what it is), and the arrays built on access
-    names = [f.name for f in dataclasses.fields(BatchPlan) if f.name != "stamp"] + ["token_owner", "gather_index"]
+    names = [f.name for f in dataclasses.fields(BatchPlan) if f.name != "stamp"] + [
+        "token_owner",
+        "gather_index",
+    ]
     for name in names:
         a, b = getattr(got, name), getattr(want, name)
         if isinstance(b, np.ndarray):
@@ -148,9 +159,11 @@ def expect_single_page(L0s, Es, P, decode) -> bool:
 @hsettings(max_examples=300, deadline=None)
 def test_single_page_path_equals_general_path(decode, data):
     alloc, L0s, Es, lasts, form = data.draw(scenarios(decode))
-    note(f"C={alloc.config.cp_size} P={alloc.config.page_size} policy={alloc.config.owner_policy} "
-         f"cp_strategy={alloc.config.cp_strategy} "
-         f"caps={alloc.lane_pages.tolist()} L0={L0s} E={Es} last={lasts} form={form}")  # fmt: skip
+    note(
+        f"C={alloc.config.cp_size} P={alloc.config.page_size} policy={alloc.config.owner_policy} "
+        f"cp_strategy={alloc.config.cp_strategy} "
+        f"caps={alloc.lane_pages.tolist()} L0={L0s} E={Es} last={lasts} form={form}"
+    )
     probe = copy.deepcopy(alloc)._alloc_one_page(L0s, None if decode else Es, lasts)
     both = run_both(alloc, L0s, Es, lasts, form, decode)
     if both is None:
@@ -229,7 +242,10 @@ def test_spec_decode_rule():
 
 def test_extend_allocation_is_read_only():
     alloc = OwnerLaneAllocator(CPConfig(2, 4), 8)
-    for res in (alloc.alloc_extend([0], [3], [-1]), alloc.alloc_extend([0], [30], [-1])):  # lazy and eager plan
+    for res in (
+        alloc.alloc_extend([0], [3], [-1]),
+        alloc.alloc_extend([0], [30], [-1]),
+    ):  # lazy and eager plan
         with pytest.raises(AttributeError, match="read-only"):
             res.plan = None
         with pytest.raises(AttributeError, match="read-only"):

@@ -35,7 +35,9 @@ def expected_batch(L0s, Es, lasts, C, P, policy, free_per_lane, strategy="zigzag
     Head owner = lane of ``last_loc``'s page. Under ``balanced`` each request's phase follows C-BALANCED
     (``oracle.balanced_phases``: the earlier requests' pages and transient last pages).
     """
-    phases = oracle.balanced_phases(L0s, Es, C, P, list(free_per_lane), strategy) if policy == "balanced" else None
+    phases = (
+        oracle.balanced_phases(L0s, Es, C, P, list(free_per_lane), strategy) if policy == "balanced" else None
+    )
     plans = []
     for i, (L0, E, last) in enumerate(zip(L0s, Es, lasts, strict=True)):
         head = (last // P) % C if L0 > 0 else None
@@ -76,7 +78,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             caps = [data.draw(st.integers(2, 6), label="Q")] * C
         self.C, self.P, self.policy, self.strategy = C, P, policy, strategy
         self.caps = caps
-        self.alloc = OwnerLaneAllocator(CPConfig(C, P, policy, strategy), caps if len(set(caps)) > 1 else caps[0])
+        self.alloc = OwnerLaneAllocator(
+            CPConfig(C, P, policy, strategy), caps if len(set(caps)) > 1 else caps[0]
+        )
         self.usable = [q - (1 if r == 0 else 0) for r, q in enumerate(caps)]
         self.reqs: dict[int, Req] = {}
         self.raw: list[int] = []
@@ -328,9 +332,11 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert is_free[p] == (exists and p not in held_set), p
 
 
-TestAllocatorStateMachine = pytest.mark.slow(pytest.mark.clause("C-ALLOC")(
-    pytest.mark.clause("C-ATOMIC")(pytest.mark.clause("C-BALANCED")(AllocatorMachine.TestCase))
-))
+TestAllocatorStateMachine = pytest.mark.slow(
+    pytest.mark.clause("C-ALLOC")(
+        pytest.mark.clause("C-ATOMIC")(pytest.mark.clause("C-BALANCED")(AllocatorMachine.TestCase))
+    )
+)
 TestAllocatorStateMachine.settings = hsettings(max_examples=50, stateful_step_count=30, deadline=None)
 
 
@@ -374,9 +380,14 @@ def drive(allocs, rng: random.Random, C: int, P: int, Q: int, steps: int) -> lis
                 results.append(("exhausted", e.lane, e.needed, e.available, a.state_digest()))
             else:
                 results.append(
-                    ("ok", res.new_pages.tolist(), res.out_cache_loc.tolist(),
-                     res.plan.request_phases.tolist(), a.state_digest())
-                )  # fmt: skip
+                    (
+                        "ok",
+                        res.new_pages.tolist(),
+                        res.out_cache_loc.tolist(),
+                        res.plan.request_phases.tolist(),
+                        a.state_digest(),
+                    )
+                )
         log.append(results)
         if results[0][0] == "ok":
             pages, out = results[0][1], results[0][2]
@@ -416,4 +427,7 @@ def test_same_call_sequence_gives_same_results(seed, C, P, Q, policy):
             assert step[0] == step[1]
     assert allocs[0].state_digest() == allocs[1].state_digest()
     assert allocs[0].free_pages_per_lane().tolist() == allocs[1].free_pages_per_lane().tolist()
-    assert allocs[0].pool.is_held(np.arange(allocs[0].num_pages)).tolist() == allocs[1].pool.is_held(np.arange(allocs[1].num_pages)).tolist()
+    assert (
+        allocs[0].pool.is_held(np.arange(allocs[0].num_pages)).tolist()
+        == allocs[1].pool.is_held(np.arange(allocs[1].num_pages)).tolist()
+    )

@@ -54,13 +54,17 @@ def test_pool_follows_the_model(C, data):
     assert pool.capacity_per_lane.tolist() == [len(s) for s in model.stacks]
     for _ in range(data.draw(st.integers(1, 12), label="steps")):
         if model.held and data.draw(st.booleans(), label="release"):
-            pages = data.draw(st.lists(st.sampled_from(sorted(model.held)), min_size=1, unique=True), label="pages")
+            pages = data.draw(
+                st.lists(st.sampled_from(sorted(model.held)), min_size=1, unique=True), label="pages"
+            )
             arr = np.array(pages, dtype=np.int64)
             pool.check_held(arr)
             pool.release(arr)
             model.release(pages)
         else:
-            runs = data.draw(st.lists(st.tuples(st.integers(0, C - 1), st.integers(1, 3)), max_size=4), label="runs")
+            runs = data.draw(
+                st.lists(st.tuples(st.integers(0, C - 1), st.integers(1, 3)), max_size=4), label="runs"
+            )
             try:
                 want = model.pick(runs)
             except LaneExhausted:
@@ -90,8 +94,11 @@ def test_checks_name_the_page_and_change_nothing():
     assert pool.pick_one_each([0, 0, 0]) is None  # lane 0 holds only two free pages
     pool.commit(pages, counts)
     before = pool.digest()
-    for bad, match in (([0], "page 0: it is reserved"), ([4], "page 4: it is already free"),
-                       ([2, 2], "page 2: listed more than once")):  # fmt: skip
+    for bad, match in (
+        ([0], "page 0: it is reserved"),
+        ([4], "page 4: it is already free"),
+        ([2, 2], "page 2: listed more than once"),
+    ):
         with pytest.raises(AllocatorError, match=match):
             pool.check_held(np.array(bad))
     assert pool.digest() == before and pool.changes == 1

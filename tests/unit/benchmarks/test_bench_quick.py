@@ -24,28 +24,40 @@ SCRIPTS = [
     ("bench_layout.py", [], "fresh copy ms"),
     ("bench_memory.py", [], "allocator B/page"),
     pytest.param(
-        "bench_simulate.py", ["--max-requests", "100", "--cost-model", "illustrative"], "peak RSS MiB",
+        "bench_simulate.py",
+        ["--max-requests", "100", "--cost-model", "illustrative"],
+        "peak RSS MiB",
         marks=pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
     ),
     pytest.param(
-        "bench_costs.py", [], "aiconfigurator ms",
+        "bench_costs.py",
+        [],
+        "aiconfigurator ms",
         marks=pytest.mark.skipif(not (COST.installed or COST.required), reason="needs the cost extra"),
     ),
     pytest.param(
-        "bench_validation.py", [], "measured us",
+        "bench_validation.py",
+        [],
+        "measured us",
         marks=pytest.mark.skipif(not (COST.installed or COST.required), reason="needs the cost extra"),
     ),
     ("bench_sweep.py", [], "speed-up vs 1"),
     pytest.param(
-        "bench_interleave_pricing.py", [], "TTFT p99 s",
-        marks=[pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
-               pytest.mark.skipif(not (COST.installed or COST.required), reason="needs the cost extra")],
+        "bench_interleave_pricing.py",
+        [],
+        "TTFT p99 s",
+        marks=[
+            pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
+            pytest.mark.skipif(not (COST.installed or COST.required), reason="needs the cost extra"),
+        ],
     ),
     pytest.param(
-        "bench_prefix_cache.py", [], "hit tokens",
+        "bench_prefix_cache.py",
+        [],
+        "hit tokens",
         marks=pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
     ),
-]  # fmt: skip
+]
 
 
 @pytest.mark.slow

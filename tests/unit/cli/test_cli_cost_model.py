@@ -12,8 +12,22 @@ from extras import COST
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-COST")]
 
-SMALL = ["simulate", "--workload", "synthetic", "--max-requests", "8", "--cp-size", "4", "--page-size", "16",
-         "--pages-per-lane", "1024", "--policy", "balanced", "--no-progress"]  # fmt: skip
+SMALL = [
+    "simulate",
+    "--workload",
+    "synthetic",
+    "--max-requests",
+    "8",
+    "--cp-size",
+    "4",
+    "--page-size",
+    "16",
+    "--pages-per-lane",
+    "1024",
+    "--policy",
+    "balanced",
+    "--no-progress",
+]
 
 _NO_AIC = """
 import sys
@@ -30,28 +44,60 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.slow
 def test_missing_extra_is_one_error_line_naming_it(tmp_path):
     out = tmp_path / "o"
-    proc = subprocess.run([sys.executable, "-c", _NO_AIC, *SMALL, "--out", str(out)], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_AIC, *SMALL, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("cpkv: error: the measured cost model needs aiconfigurator")
-    assert "pip install '.[cost]' in a cpkv checkout" in proc.stderr and "--cost-model illustrative" in proc.stderr
+    assert (
+        "pip install '.[cost]' in a cpkv checkout" in proc.stderr
+        and "--cost-model illustrative" in proc.stderr
+    )
     assert not out.exists()  # failed before any replay or write
     # the illustrative model needs no extra
-    ok = subprocess.run([sys.executable, "-c", _NO_AIC, *SMALL, "--cost-model", "illustrative", "--out", str(out)],
-                        capture_output=True, text=True, timeout=120)  # fmt: skip
+    ok = subprocess.run(
+        [sys.executable, "-c", _NO_AIC, *SMALL, "--cost-model", "illustrative", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
-    assert json.loads((out / "report.json").read_text())["config"]["cost_provenance"]["cost_model"] == "illustrative"
+    assert (
+        json.loads((out / "report.json").read_text())["config"]["cost_provenance"]["cost_model"]
+        == "illustrative"
+    )
 
 
 def test_measured_only_flags_with_the_illustrative_model_exit_2(tmp_path, capsys):
-    assert main([*SMALL, "--cost-model", "illustrative", "--gpu", "b200_sxm", "--ep-size", "2",
-                 "--out", str(tmp_path / "o")]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                *SMALL,
+                "--cost-model",
+                "illustrative",
+                "--gpu",
+                "b200_sxm",
+                "--ep-size",
+                "2",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert err == "cpkv: error: --gpu, --ep-size apply only to --cost-model measured: drop them or use --cost-model measured\n"
+    assert (
+        err
+        == "cpkv: error: --gpu, --ep-size apply only to --cost-model measured: drop them or use --cost-model measured\n"
+    )
     assert main([*SMALL, "--cost-model", "illustrative", "--ep-size", "2", "--out", str(tmp_path / "o")]) == 2
-    assert capsys.readouterr().err == ("cpkv: error: --ep-size applies only to --cost-model measured: drop it or use "
-                                       "--cost-model measured\n")  # fmt: skip
+    assert capsys.readouterr().err == (
+        "cpkv: error: --ep-size applies only to --cost-model measured: drop it or use --cost-model measured\n"
+    )
 
 
 def test_measured_default_writes_its_provenance(tmp_path, capsys):
@@ -59,17 +105,29 @@ def test_measured_default_writes_its_provenance(tmp_path, capsys):
     out = tmp_path / "o"
     assert main([*SMALL, "--out", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "times: measured h200_sxm deepseek-ai/DeepSeek-V3.2 sglang 0.5.14 (aiconfigurator 0.12.0, EP 4)" in \
-        " ".join(table.split())  # fmt: skip
+    assert (
+        "times: measured h200_sxm deepseek-ai/DeepSeek-V3.2 sglang 0.5.14 (aiconfigurator 0.12.0, EP 4)"
+        in " ".join(table.split())
+    )
     report = json.loads((out / "report.json").read_text())
     config = json.loads((out / "config.json").read_text())
     for c in (report["config"], config):
         p = c["cost_provenance"]
         assert (p["cost_model"], p["gpu"], p["model"], p["backend"], p["backend_version"], p["ep_size"]) == (
-            "measured", "h200_sxm", "deepseek-ai/DeepSeek-V3.2", "sglang", "0.5.14", 4)
+            "measured",
+            "h200_sxm",
+            "deepseek-ai/DeepSeek-V3.2",
+            "sglang",
+            "0.5.14",
+            4,
+        )
         assert p["aiconfigurator_version"] == "0.12.0" and p["data_version"] == "sglang 0.5.14, nccl 2.26.2"
-        assert c["measured"] == {"gpu": "h200_sxm", "model": "deepseek-ai/DeepSeek-V3.2", "backend": "sglang",
-                                 "ep_size": None}  # fmt: skip
+        assert c["measured"] == {
+            "gpu": "h200_sxm",
+            "model": "deepseek-ai/DeepSeek-V3.2",
+            "backend": "sglang",
+            "ep_size": None,
+        }
     assert report["policies"]["balanced"]["requests_finished"] == 8
 
 

@@ -23,13 +23,21 @@ def _one_error_line(capsys) -> str:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ([*PLAN, "--req-index", "99999999999999999999999"],
-         "req_index must be <= 9007199254740992, got 99999999999999999999999"),
-        ([*PLAN, "--page-size", HUGE], f"page_size must be <= 9223372036854775807 (the int64 maximum), got {HUGE}"),
+        (
+            [*PLAN, "--req-index", "99999999999999999999999"],
+            "req_index must be <= 9007199254740992, got 99999999999999999999999",
+        ),
+        (
+            [*PLAN, "--page-size", HUGE],
+            f"page_size must be <= 9223372036854775807 (the int64 maximum), got {HUGE}",
+        ),
         ([*PLAN, "--cp-size", HUGE], f"cp_size={HUGE} is above cpkv's limit of 4096 ranks"),
-        ([*PLAN, "--head-owner", "-2"], "request 0: head_owner=-2 out of range [0, 8), or -1 (or None) for no head owner"),
+        (
+            [*PLAN, "--head-owner", "-2"],
+            "request 0: head_owner=-2 out of range [0, 8), or -1 (or None) for no head owner",
+        ),
     ],
-)  # fmt: skip
+)
 def test_plan_bad_ints_exit_2_naming_the_value(argv, message, capsys):
     assert main(argv) == 2
     assert message in _one_error_line(capsys)
@@ -37,9 +45,13 @@ def test_plan_bad_ints_exit_2_naming_the_value(argv, message, capsys):
 
 @pytest.mark.parametrize(
     ("flag", "field"),
-    [("--spec-draft-tokens", "spec_draft_tokens"), ("--page-size", "page_size"),
-     ("--host-pages-per-lane", "host_pages_per_lane"), ("--max-requests", "--max-requests")],
-)  # fmt: skip
+    [
+        ("--spec-draft-tokens", "spec_draft_tokens"),
+        ("--page-size", "page_size"),
+        ("--host-pages-per-lane", "host_pages_per_lane"),
+        ("--max-requests", "--max-requests"),
+    ],
+)
 def test_simulate_ints_beyond_int64_exit_2_naming_the_flag(flag, field, tmp_path, capsys):
     out = tmp_path / "o"
     argv = ["simulate", "--workload", "short-prompts", "--no-progress", "--out", str(out), flag, HUGE]

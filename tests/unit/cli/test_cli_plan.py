@@ -11,8 +11,22 @@ pytestmark = pytest.mark.unit
 
 @pytest.mark.clause("C-HEAD")
 def test_plan_json_spec_example(capsys):
-    rc = main(["plan", "--prefix-len", "100", "--extend-len", "200", "--page-size", "64", "--cp-size", "4",
-               "--head-owner", "1", "--json"])  # fmt: skip
+    rc = main(
+        [
+            "plan",
+            "--prefix-len",
+            "100",
+            "--extend-len",
+            "200",
+            "--page-size",
+            "64",
+            "--cp-size",
+            "4",
+            "--head-owner",
+            "1",
+            "--json",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     req = out["requests"][0]
@@ -22,7 +36,23 @@ def test_plan_json_spec_example(capsys):
 
 
 def test_plan_req_index_and_batch_file(tmp_path, capsys):
-    assert main(["plan", "--prefix-len", "0", "--extend-len", "1000", "--req-index", "1", "--cp-size", "4", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--prefix-len",
+                "0",
+                "--extend-len",
+                "1000",
+                "--req-index",
+                "1",
+                "--cp-size",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     req = json.loads(capsys.readouterr().out)["requests"][0]
     assert (req["req_index"], req["phase"], req["per_rank_tokens"]) == (1, 1, [256, 232, 256, 256])
     f = tmp_path / "batch.json"
@@ -58,8 +88,14 @@ def test_plan_bad_input_exits_2_one_line(argv, message, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--prefix-len", "0", "--extend-len", "100000000000"], "bytes (2,258.5 GiB) of arrays, above cpkv's limit"),
-        (["--prefix-len", "10000000000000", "--extend-len", "8000000", "--head-owner", "0"], "overflows int64"),
+        (
+            ["--prefix-len", "0", "--extend-len", "100000000000"],
+            "bytes (2,258.5 GiB) of arrays, above cpkv's limit",
+        ),
+        (
+            ["--prefix-len", "10000000000000", "--extend-len", "8000000", "--head-owner", "0"],
+            "overflows int64",
+        ),
         (["--prefix-len", "100", "--extend-len", "5", "--head-owner", "-2"], "head_owner=-2 out of range"),
     ],
 )

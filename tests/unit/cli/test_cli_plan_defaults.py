@@ -32,7 +32,9 @@ def test_repeated_extend_len_alone_is_a_batch_of_fresh_prompts(capsys):
 
 
 def test_prefix_and_extend_pairs_still_plan_as_given(capsys):
-    out = _plan(capsys, "--prefix-len", "128", "--extend-len", "64", "--prefix-len", "0", "--extend-len", "200")
+    out = _plan(
+        capsys, "--prefix-len", "128", "--extend-len", "64", "--prefix-len", "0", "--extend-len", "200"
+    )
     want = plan_batch([128, 0], [64, 200], CPConfig(4, 64, "rotation"))
     assert [(r["prefix_len"], r["extend_len"]) for r in out["requests"]] == [(128, 64), (0, 200)]
     assert [r["page_owners"] for r in out["requests"]] == [p.page_owners.tolist() for p in want.requests]
@@ -41,7 +43,10 @@ def test_prefix_and_extend_pairs_still_plan_as_given(capsys):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--prefix-len", "0", "--extend-len", "5", "--extend-len", "6"], ["--prefix-len", "0", "--prefix-len", "0"]],
+    [
+        ["--prefix-len", "0", "--extend-len", "5", "--extend-len", "6"],
+        ["--prefix-len", "0", "--prefix-len", "0"],
+    ],
 )
 def test_a_prefix_count_that_does_not_match_is_still_refused(argv, capsys):
     assert main(["plan", *argv]) == 2

@@ -26,8 +26,29 @@ def test_ignored_head_owner_warns_on_stderr(argv, reason, capsys):
 
 
 def test_used_or_absent_head_owner_does_not_warn(capsys):
-    assert main(["plan", "--prefix-len", "100", "--extend-len", "5", "--head-owner", "1",
-                 "--prefix-len", "0", "--extend-len", "5", "--head-owner", "-1", "--policy", "rotation", "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "plan",
+                "--prefix-len",
+                "100",
+                "--extend-len",
+                "5",
+                "--head-owner",
+                "1",
+                "--prefix-len",
+                "0",
+                "--extend-len",
+                "5",
+                "--head-owner",
+                "-1",
+                "--policy",
+                "rotation",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().err == ""
 
 
@@ -37,8 +58,10 @@ def test_balanced_plan_says_the_allocator_chooses_its_phases(capsys):
     assert main(["plan", "--prefix-len", "0", "--extend-len", "64", "--json"]) == 0
     out = capsys.readouterr()
     assert json.loads(out.out)["requests"][0]["phase"] == 0
-    assert out.err == ("cpkv: note: under balanced the allocator chooses each phase from the lanes' free pages "
-                       "(C-BALANCED); the planner alone, shown here, uses the rotation rule\n")  # fmt: skip
+    assert out.err == (
+        "cpkv: note: under balanced the allocator chooses each phase from the lanes' free pages "
+        "(C-BALANCED); the planner alone, shown here, uses the rotation rule\n"
+    )
 
 
 def test_plan_without_request_says_give_at_least_one(capsys):
@@ -59,7 +82,9 @@ def test_run_length_strip_as_documented(capsys):
     argv = ["plan", "--prefix-len", "0", "--extend-len", str(200 * 64), "--policy", "rotation"]
     assert main([*argv, "--json"]) == 0
     owners = json.loads(capsys.readouterr().out)["requests"][0]["page_owners"]
-    expected = [lane for lane in range(8) for _ in range(13)] + [lane for lane in range(7, -1, -1) for _ in range(12)]
+    expected = [lane for lane in range(8) for _ in range(13)] + [
+        lane for lane in range(7, -1, -1) for _ in range(12)
+    ]
     assert owners == expected
     strip = lane_strip(owners, 8)
     assert strip == "0x13 1x13 2x13 3x13 4x13 5x13 6x13 7x25 6x12 5x12 4x12 3x12 2x12 1x12 0x12"

@@ -9,7 +9,17 @@ from cpkv.cli import main
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-INTERLEAVE")]
 
-ACCEPTANCE = ["plan", "--cp-strategy", "interleave", "--cp-size", "4", "--prefix-len", "0", "--extend-len", "1000"]
+ACCEPTANCE = [
+    "plan",
+    "--cp-strategy",
+    "interleave",
+    "--cp-size",
+    "4",
+    "--prefix-len",
+    "0",
+    "--extend-len",
+    "1000",
+]
 
 
 def test_acceptance_prints_the_round_robin_strip_and_tokens(capsys, monkeypatch):

@@ -6,15 +6,29 @@ from cpkv.cli import main
 
 pytestmark = pytest.mark.unit
 
-ARGS = ["simulate", "--max-requests", "2", "--policy", "rotation", "--pages-per-lane", "4096", "--cp-size", "4",
-        "--no-progress", "--cost-model", "illustrative"]  # fmt: skip
+ARGS = [
+    "simulate",
+    "--max-requests",
+    "2",
+    "--policy",
+    "rotation",
+    "--pages-per-lane",
+    "4096",
+    "--cp-size",
+    "4",
+    "--no-progress",
+    "--cost-model",
+    "illustrative",
+]
 
 
 def test_page_size_one_prints_one_note(tmp_path, capsys):
     assert main([*ARGS, "--page-size", "1", "--out", str(tmp_path / "o")]) == 0
     err = capsys.readouterr().err
-    assert err == ("cpkv: note: --page-size 1 gives 64x the pages of --page-size 64: the replay runs several times "
-                   "slower (10x or more at 1), and 4,096 pages per lane hold only 4,096 tokens\n")  # fmt: skip
+    assert err == (
+        "cpkv: note: --page-size 1 gives 64x the pages of --page-size 64: the replay runs several times "
+        "slower (10x or more at 1), and 4,096 pages per lane hold only 4,096 tokens\n"
+    )
 
 
 @pytest.mark.parametrize("page_size", ["16", "64"])

@@ -51,8 +51,13 @@ print(",".join(m for m in ("torch", "cpkv.executor", "cpkv.kernels.slots") if m 
 def test_simulate_never_imports_torch(tmp_path):
     # The simulator reads slots as numpy (ExtendAllocation.out_cache_loc_cpu); torch costs ~1 s of start-up.
     # This run takes the allocator, prefix cache with host tier and load-back, and draft pages (C-DRAFT).
-    out = subprocess.run([sys.executable, "-c", _SIMULATE, str(tmp_path / "sim")], capture_output=True, text=True,
-                         timeout=120, env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _SIMULATE, str(tmp_path / "sim")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == ""  # the modules imported: none
     assert (tmp_path / "sim" / "report.json").is_file()
@@ -72,8 +77,13 @@ def test_ctrl_c_while_a_command_imports_torch_is_one_line():
     # run-dist imports torch and the executor only once the command is looked up (about a second or
     # more here); a SIGINT right after main() starts lands in that import.
     argv = ["run-dist", "--cp-size", "1", "--prefix-len", "0", "--extend-len", "8"]
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "CPKV_KERNELS": "off"})  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "CPKV_KERNELS": "off"},
+    )
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(0.05)
     proc.send_signal(signal.SIGINT)

@@ -40,21 +40,32 @@ def test_a_repeated_extra_key_is_refused_and_a_string_holding_key_text_is_not(tm
 
 def test_a_batch_object_with_a_duplicate_key_is_refused_naming_file_line_and_key(tmp_path, capsys):
     path = tmp_path / "batch.json"
-    path.write_text('[\n  {"prefix_len": 0, "extend_len": 5},\n  {"prefix_len": 0,\n   "extend_len": 1, "extend_len": 9000}\n]\n')
+    path.write_text(
+        '[\n  {"prefix_len": 0, "extend_len": 5},\n  {"prefix_len": 0,\n   "extend_len": 1, "extend_len": 9000}\n]\n'
+    )
     assert main(["plan", "--batch", str(path), "--cp-size", "2", "--json"]) == 2
     cap = capsys.readouterr()
     assert cap.out == ""
-    assert cap.err.strip() == (f"cpkv: error: {path}:4: key 'extend_len' appears twice in one object (refused: JSON "
-                               "readers keep the last value without a word)")  # fmt: skip
-    path.write_text(json.dumps([{"prefix_len": 0, "extend_len": 5}] * 3))  # the same keys in other objects: fine
+    assert cap.err.strip() == (
+        f"cpkv: error: {path}:4: key 'extend_len' appears twice in one object (refused: JSON "
+        "readers keep the last value without a word)"
+    )
+    path.write_text(
+        json.dumps([{"prefix_len": 0, "extend_len": 5}] * 3)
+    )  # the same keys in other objects: fine
     assert main(["plan", "--batch", str(path), "--cp-size", "2", "--json"]) == 0
 
 
 @pytest.mark.parametrize(
     ("text", "key"),
-    [('{"a": 1, "b": {"c": 1, "c": 2}}', "c"), ('[{"a": 1}, {"a": 1, "a": 1}]', "a"), ('{"a": 1}', None),
-     ("not json", None), ('{"a": "\\"a\\": 2"}', None)],
-)  # fmt: skip
+    [
+        ('{"a": 1, "b": {"c": 1, "c": 2}}', "c"),
+        ('[{"a": 1}, {"a": 1, "a": 1}]', "a"),
+        ('{"a": 1}', None),
+        ("not json", None),
+        ('{"a": "\\"a\\": 2"}', None),
+    ],
+)
 def test_duplicate_key_finds_a_key_twice_in_one_object_at_any_depth(text, key):
     from cpkv.validate import duplicate_key  # imported here: the reproductions above also run on older trees
 

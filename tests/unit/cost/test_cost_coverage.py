@@ -26,8 +26,11 @@ def test_combinations_without_data_name_what_exists():
     with pytest.raises(CostModelError, match=r"only on sglang; --backend vllm prices --cp-size 1 only"):
         check_covered(MeasuredSpec(backend="vllm"), 8)
     check_covered(MeasuredSpec(backend="vllm"), 1)  # vLLM's DSA module is measured: one GPU prices
-    with pytest.raises(CostModelError, match=r"no vllm measurements of 'zai-org/GLM-5-FP8' on h200_sxm; it holds "
-                                             r"deepseek-ai/DeepSeek-V3.2, zai-org/GLM-5$"):  # fmt: skip
+    with pytest.raises(
+        CostModelError,
+        match=r"no vllm measurements of 'zai-org/GLM-5-FP8' on h200_sxm; it holds "
+        r"deepseek-ai/DeepSeek-V3.2, zai-org/GLM-5$",
+    ):
         check_covered(MeasuredSpec(model="zai-org/GLM-5-FP8", backend="vllm"), 1)
     with pytest.raises(CostModelError, match=r"on gpu 'a100_sxm'; sglang has them on .*h200_sxm"):
         check_covered(MeasuredSpec(gpu="a100_sxm"), 8)
@@ -46,8 +49,25 @@ def test_extrapolation_is_named():
 
 def test_cli_cp_size_16_warns_on_one_line_and_records_it(tmp_path, capsys):
     out = tmp_path / "o"
-    assert main(["simulate", "--workload", "synthetic", "--max-requests", "4", "--cp-size", "16", "--policy", "rotation",
-                 "--no-progress", "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "simulate",
+                "--workload",
+                "synthetic",
+                "--max-requests",
+                "4",
+                "--cp-size",
+                "16",
+                "--policy",
+                "rotation",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("cpkv: warning:")]
     assert len(err) == 1 and "collectives over 16 GPUs" in err[0]
     prov = json.loads((out / "report.json").read_text())["config"]["cost_provenance"]
@@ -56,10 +76,27 @@ def test_cli_cp_size_16_warns_on_one_line_and_records_it(tmp_path, capsys):
 
 
 def test_cli_backend_without_data_is_one_line_exit_2(tmp_path, capsys):
-    assert main(["simulate", "--workload", "synthetic", "--max-requests", "4", "--backend", "vllm", "--no-progress",
-                 "--out", str(tmp_path / "o")]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "simulate",
+                "--workload",
+                "synthetic",
+                "--max-requests",
+                "4",
+                "--backend",
+                "vllm",
+                "--no-progress",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("cpkv: error: aiconfigurator composes context-parallel prefill")
+    assert len(err) == 1 and err[0].startswith(
+        "cpkv: error: aiconfigurator composes context-parallel prefill"
+    )
     assert not (tmp_path / "o").exists()
 
 

@@ -85,9 +85,13 @@ def test_surface_is_bilinear_inside_and_monotone_everywhere(xyz, data):
         i = min(np.searchsorted(x, qx[k], side="right") - 1, len(x) - 2)
         j = min(np.searchsorted(y, qy[k], side="right") - 1, len(y) - 2)
         tx, ty = (qx[k] - x[i]) / (x[i + 1] - x[i]), (qy[k] - y[j]) / (y[j + 1] - y[j])
-        ref = ((1 - tx) * (1 - ty) * m[i, j] + tx * (1 - ty) * m[i + 1, j] + (1 - tx) * ty * m[i, j + 1]
-               + tx * ty * m[i + 1, j + 1])  # fmt: skip
-        assert s(qx[k:k + 1], qy[k:k + 1])[0] == pytest.approx(ref, abs=1e-9)
+        ref = (
+            (1 - tx) * (1 - ty) * m[i, j]
+            + tx * (1 - ty) * m[i + 1, j]
+            + (1 - tx) * ty * m[i, j + 1]
+            + tx * ty * m[i + 1, j + 1]
+        )
+        assert s(qx[k : k + 1], qy[k : k + 1])[0] == pytest.approx(ref, abs=1e-9)
 
 
 def test_bad_axes_are_refused():

@@ -14,16 +14,28 @@ from extras import COST
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-COST")]
 TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
-PARTS = ("weights_bytes", "activations_bytes", "runtime_overhead_bytes", "comm_overhead_bytes", "kv_pool_bytes",
-         "headroom_bytes")  # fmt: skip
+PARTS = (
+    "weights_bytes",
+    "activations_bytes",
+    "runtime_overhead_bytes",
+    "comm_overhead_bytes",
+    "kv_pool_bytes",
+    "headroom_bytes",
+)
 
 
 def test_sglang_mem_fraction_static_is_sglangs_default():
     from cpkv.cost.memory import sglang_mem_fraction_static
 
     h200 = 141 * 2**30  # aiconfigurator's h200_sxm mem_capacity
-    assert sglang_mem_fraction_static(h200, 8192, 8) == round((144384 - (512 + 1.5 * 8192 + 1024)) / 144384, 3) == 0.904
-    assert sglang_mem_fraction_static(h200, 1024, 8) == round((144384 - 10240) / 144384, 3)  # the 10 GiB floor
+    assert (
+        sglang_mem_fraction_static(h200, 8192, 8)
+        == round((144384 - (512 + 1.5 * 8192 + 1024)) / 144384, 3)
+        == 0.904
+    )
+    assert sglang_mem_fraction_static(h200, 1024, 8) == round(
+        (144384 - 10240) / 144384, 3
+    )  # the 10 GiB floor
     assert sglang_mem_fraction_static(40 * 2**30, 1024, 8) == round((40960 - (512 + 3072 + 1024)) / 40960, 3)
 
 
@@ -35,13 +47,26 @@ def test_the_pool_and_the_rest_fill_the_gpu_exactly():
     assert sum(m[k] for k in PARTS) == m["hbm_bytes"] and all(m[k] >= 0 for k in PARTS)
     assert m["weights_bytes"] + m["activations_bytes"] + m["kv_pool_bytes"] <= m["hbm_bytes"]
     assert m["pages_per_lane"] == m["kv_pool_tokens"] // 64 and m["mem_fraction_static"] == 0.904
-    assert set(m["sources"]) >= {"hbm_bytes", "weights_bytes", "activations_bytes", "kv_pool_bytes", "headroom_bytes"}
-    assert memory_plan(MeasuredSpec(), 16, 8192, 16384, 256, 64)["pages_per_lane"] > m["pages_per_lane"]  # EP 16
+    assert set(m["sources"]) >= {
+        "hbm_bytes",
+        "weights_bytes",
+        "activations_bytes",
+        "kv_pool_bytes",
+        "headroom_bytes",
+    }
+    assert (
+        memory_plan(MeasuredSpec(), 16, 8192, 16384, 256, 64)["pages_per_lane"] > m["pages_per_lane"]
+    )  # EP 16
     short = memory_plan(MeasuredSpec(), 4, 8192, 16384, 256, 64)  # EP 4: the experts alone overflow an H200
     assert short["pages_per_lane"] == 0 == short["kv_pool_bytes"] and short["headroom_bytes"] < 0
     assert sum(short[k] for k in PARTS) == short["hbm_bytes"]
-    spec = build_workload("synthetic", num_requests=4, seed=0)  # no pool: the default, hypothetical (and said)
-    assert SimConfig.for_workload(spec, cp_size=4, measured=MeasuredSpec()).pages_per_lane == SimConfig.pages_per_lane
+    spec = build_workload(
+        "synthetic", num_requests=4, seed=0
+    )  # no pool: the default, hypothetical (and said)
+    assert (
+        SimConfig.for_workload(spec, cp_size=4, measured=MeasuredSpec()).pages_per_lane
+        == SimConfig.pages_per_lane
+    )
 
 
 def test_the_measured_default_pool_is_what_the_gpu_holds():
@@ -67,13 +92,32 @@ def test_cli_writes_the_memory_and_warns_on_a_larger_pool(tmp_path, capsys):
         assert mem["weights_bytes"] + mem["activations_bytes"] + mem["kv_pool_bytes"] <= mem["hbm_bytes"]
     assert main([*base, "--pages-per-lane", "16384", "--out", str(tmp_path / "big")]) == 0
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("cpkv: warning:")]
-    assert len(err) == 1 and "--pages-per-lane 16,384" in err[0] and f"{mem['pages_per_lane']:,} pages" in err[0]
+    assert (
+        len(err) == 1 and "--pages-per-lane 16,384" in err[0] and f"{mem['pages_per_lane']:,} pages" in err[0]
+    )
     assert json.loads((tmp_path / "big" / "config.json").read_text())["memory"]["fits"] is False
 
 
 def test_cli_warns_when_the_model_does_not_fit(tmp_path, capsys):
     COST.require()
-    assert main(["simulate", "--workload", "synthetic", "--max-requests", "4", "--cp-size", "4", "--policy",
-                 "rotation", "--no-progress", "--out", str(tmp_path / "o")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "simulate",
+                "--workload",
+                "synthetic",
+                "--max-requests",
+                "4",
+                "--cp-size",
+                "4",
+                "--policy",
+                "rotation",
+                "--no-progress",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 0
+    )
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("cpkv: warning:")]
     assert len(err) == 1 and "does not fit 4 x h200_sxm at EP 4" in err[0] and "hypothetical" in err[0]

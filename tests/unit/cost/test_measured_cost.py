@@ -45,7 +45,9 @@ def batches(draw, max_requests=3):
     B = draw(st.integers(1, max_requests))
     prefix = [draw(st.integers(0, 40_000)) for _ in range(B)]
     extend = [draw(st.integers(0, 20_000)) for _ in range(B)]
-    heads = [draw(st.integers(0, C - 1)) if L0 % P and E else None for L0, E in zip(prefix, extend, strict=True)]
+    heads = [
+        draw(st.integers(0, C - 1)) if L0 % P and E else None for L0, E in zip(prefix, extend, strict=True)
+    ]
     return C, P, prefix, extend, heads
 
 
@@ -88,7 +90,9 @@ def test_interleave_prices_each_ranks_many_runs_as_they_are(measured, batch):
 def test_step_work_is_the_documented_composition_of_each_ranks_runs(measured, batch):
     C, P, prefix, extend, heads = batch
     cost = measured(C)
-    plan = plan_batch(prefix, extend, CPConfig(C, P, "rotation"), head_owners=[-1 if h is None else h for h in heads])
+    plan = plan_batch(
+        prefix, extend, CPConfig(C, P, "rotation"), head_owners=[-1 if h is None else h for h in heads]
+    )
     work = cost.step_work(plan)
     if not sum(extend):
         assert np.array_equal(work, np.zeros(C))
@@ -100,8 +104,14 @@ def test_step_work_is_the_documented_composition_of_each_ranks_runs(measured, ba
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from([1, 2, 4, 8]), st.sampled_from([16, 64]), st.integers(0, 600), st.integers(1, 30_000),
-       st.integers(1, 400), st.integers(0, 7))  # fmt: skip
+@given(
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([16, 64]),
+    st.integers(0, 600),
+    st.integers(1, 30_000),
+    st.integers(1, 400),
+    st.integers(0, 7),
+)
 def test_work_is_monotone_in_causal_pairs(measured, C, P, pages, E, shift, phase):
     # The same owners (same phase) with the request shifted later by whole pages: every rank computes the
     # same tokens over more keys, so no rank may get less time.
@@ -133,20 +143,39 @@ def test_decode_steps_use_the_generation_tables(measured):
     decode = plan_batch(seq, [1] * len(seq), cfg, head_owners=[(s // P) % C if s % P else -1 for s in seq])
     owner = decode.token_owner
     d = np.bincount(owner, minlength=C)
-    mean_len = np.array([np.mean([s + 1 for s, o in zip(seq, owner, strict=True) if o == r] or [0]) for r in range(C)])
+    mean_len = np.array(
+        [np.mean([s + 1 for s, o in zip(seq, owner, strict=True) if o == r] or [0]) for r in range(C)]
+    )
     D = len(seq)
-    ref = (np.where(d > 0, t.gen_attention(d, mean_len), 0.0) + t.gen_per_token(d) + t.gen_group(D) + t.gen_logits(D)
-           + cost.comm.allgather_ms(d.max() * t.hidden_size * 2, C))  # fmt: skip
+    ref = (
+        np.where(d > 0, t.gen_attention(d, mean_len), 0.0)
+        + t.gen_per_token(d)
+        + t.gen_group(D)
+        + t.gen_logits(D)
+        + cost.comm.allgather_ms(d.max() * t.hidden_size * 2, C)
+    )
     assert np.allclose(cost.step_work(None, decode), ref, rtol=1e-9)
-    longer = plan_batch([s + 10 * C * P for s in seq], [1] * len(seq), cfg, phases=decode.request_phases,
-                        head_owners=decode.head_owners)  # fmt: skip
+    longer = plan_batch(
+        [s + 10 * C * P for s in seq],
+        [1] * len(seq),
+        cfg,
+        phases=decode.request_phases,
+        head_owners=decode.head_owners,
+    )
     assert np.all(cost.step_work(None, longer) >= cost.step_work(None, decode))
     # a mixed step runs the token-parallel parts, the MoE and its communication once, over both
     prefill = plan_batch([0], [4096], cfg)
     n = prefill.per_rank_tokens + d
-    mixed = (cost.breakdown(prefill)["attention"] + cost.breakdown(prefill)["indexer"]
-             + np.where(d > 0, t.gen_attention(d, mean_len), 0.0) + t.per_token(n) + t.group(4096 + D)
-             + t.logits(1 + D) + t.dispatch(C * n.max()) + cost.comm.allgather_ms(n.max() * t.hidden_size * 2, C))  # fmt: skip
+    mixed = (
+        cost.breakdown(prefill)["attention"]
+        + cost.breakdown(prefill)["indexer"]
+        + np.where(d > 0, t.gen_attention(d, mean_len), 0.0)
+        + t.per_token(n)
+        + t.group(4096 + D)
+        + t.logits(1 + D)
+        + t.dispatch(C * n.max())
+        + cost.comm.allgather_ms(n.max() * t.hidden_size * 2, C)
+    )
     assert np.allclose(cost.step_work(prefill, decode), mixed, rtol=1e-9)
     assert np.array_equal(cost.step_work(None, None), np.zeros(C))
 
@@ -154,7 +183,9 @@ def test_decode_steps_use_the_generation_tables(measured):
 def test_indexer_share_and_the_dense_short_path(measured):
     cost = measured(8)
     short = cost.breakdown(plan_batch([0], [1024], CPConfig(8, 64, "rotation")))
-    assert np.array_equal(short["indexer"], np.zeros(8))  # every key within top-k: dense attention, no indexer
+    assert np.array_equal(
+        short["indexer"], np.zeros(8)
+    )  # every key within top-k: dense attention, no indexer
     long = cost.breakdown(plan_batch([65536], [32768], CPConfig(8, 64, "rotation")))
     assert np.all(long["indexer"] > 0) and np.all(long["attention"] > 0)
     assert np.all(long["comm"] == long["comm"][0]) and np.all(long["linear"] == long["linear"][0])
@@ -172,25 +203,56 @@ def test_prices_are_the_measured_rows(measured):
     # DeepSeek-V3.2 at 8,192 queries after 65,536 keys (fp8 KV, one GPU), per layer, times 61 layers ...
     cost = measured(8)
     dsa = _table("sparse_attention", "sglang/0.5.14/dsa_context_module_perf.parquet")
-    row = dsa[(dsa.model == "deepseek-ai/DeepSeek-V3.2") & (dsa.op_name == "dsa_context_module") & (dsa.tp_size == 1)
-              & (dsa.kv_cache_dtype == "fp8") & (dsa.batch_size == 1) & (dsa.isl == 8192) & (dsa.step == 65536)]  # fmt: skip
+    row = dsa[
+        (dsa.model == "deepseek-ai/DeepSeek-V3.2")
+        & (dsa.op_name == "dsa_context_module")
+        & (dsa.tp_size == 1)
+        & (dsa.kv_cache_dtype == "fp8")
+        & (dsa.batch_size == 1)
+        & (dsa.isl == 8192)
+        & (dsa.step == 65536)
+    ]
     assert len(row) == 1 and cost.tables.num_layers == 61
     assert float(cost.tables.attention(8192, 65536)) == pytest.approx(61 * row.latency.iloc[0], rel=0.01)
     # ... and NCCL 2.26.2's all-gather of 2**27 half elements over 8 GPUs (8 ranks of 2**25 bytes).
     nccl = _table("comm", "nccl/2.26.2/nccl_perf.parquet")
-    ag = nccl[(nccl.op_name == "all_gather") & (nccl.nccl_dtype == "half") & (nccl.num_gpus == 8)
-              & (nccl.message_size == 2**27)]  # fmt: skip
+    ag = nccl[
+        (nccl.op_name == "all_gather")
+        & (nccl.nccl_dtype == "half")
+        & (nccl.num_gpus == 8)
+        & (nccl.message_size == 2**27)
+    ]
     assert cost.comm.allgather_ms(2**25, 8) == pytest.approx(ag.latency.iloc[0], rel=1e-6)
 
 
 def test_provenance_names_what_priced_the_step(measured):
     p = measured(4).provenance()
-    assert {k: p[k] for k in ("cost_model", "gpu", "model", "backend", "backend_version", "nccl_version",
-                              "aiconfigurator_version", "cp_size", "ep_size", "moe_tp_size")} == {
-        "cost_model": "measured", "gpu": "h200_sxm", "model": "deepseek-ai/DeepSeek-V3.2", "backend": "sglang",
-        "backend_version": "0.5.14", "nccl_version": "2.26.2", "aiconfigurator_version": "0.12.0",
-        "cp_size": 4, "ep_size": 4, "moe_tp_size": 1,
-    }  # fmt: skip
+    assert {
+        k: p[k]
+        for k in (
+            "cost_model",
+            "gpu",
+            "model",
+            "backend",
+            "backend_version",
+            "nccl_version",
+            "aiconfigurator_version",
+            "cp_size",
+            "ep_size",
+            "moe_tp_size",
+        )
+    } == {
+        "cost_model": "measured",
+        "gpu": "h200_sxm",
+        "model": "deepseek-ai/DeepSeek-V3.2",
+        "backend": "sglang",
+        "backend_version": "0.5.14",
+        "nccl_version": "2.26.2",
+        "aiconfigurator_version": "0.12.0",
+        "cp_size": 4,
+        "ep_size": 4,
+        "moe_tp_size": 1,
+    }
     assert p["tables_sha256"] != measured(2).provenance()["tables_sha256"]
     assert measured(4, ep_size=2).provenance()["moe_tp_size"] == 2
 

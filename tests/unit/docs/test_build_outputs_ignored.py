@@ -34,14 +34,26 @@ def written_paths() -> list[str]:
 
 def test_the_sources_name_the_outputs_this_test_expects():
     paths = written_paths()
-    for want in ("out/simulate", "out/sweep", "out/demo", "gpu-out", ".venv", ".venv-sglang", ".venv-sglang059"):
+    for want in (
+        "out/simulate",
+        "out/sweep",
+        "out/demo",
+        "gpu-out",
+        ".venv",
+        ".venv-sglang",
+        ".venv-sglang059",
+    ):
         assert any(p == want or p.startswith(want + "/") for p in paths), (want, paths)
 
 
-@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
+@pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout"
+)
 @pytest.mark.parametrize("path", written_paths())
 def test_each_output_is_ignored(path):
     venv = Path(path).name.startswith(".venv")  # a venv may be a symlink (git stops at one): its name itself
     for probe in [path] if venv else [f"{path}/report.json"]:
-        rc = subprocess.run(["git", "check-ignore", "--no-index", "-q", probe], cwd=ROOT, check=False).returncode
+        rc = subprocess.run(
+            ["git", "check-ignore", "--no-index", "-q", probe], cwd=ROOT, check=False
+        ).returncode
         assert rc == 0, f"{probe} is not ignored by .gitignore"

@@ -57,8 +57,15 @@ def marked_blocks() -> list[tuple[str, int, str, set[str], str]]:
             mark = MARK.match(before[-1]) if before else None
             if mark:
                 opts = set((mark["opts"] or "").split())
-                out.append((path.name if path.parent == ROOT else f"docs/{path.name}", i + 1, fence["lang"], opts,
-                            "\n".join(lines[i + 1 : end])))  # fmt: skip
+                out.append(
+                    (
+                        path.name if path.parent == ROOT else f"docs/{path.name}",
+                        i + 1,
+                        fence["lang"],
+                        opts,
+                        "\n".join(lines[i + 1 : end]),
+                    )
+                )
             i = end + 1
     return out
 
@@ -107,20 +114,29 @@ def test_the_marker_convention_holds():
     for name, line, lang, opts, _ in BLOCKS:
         assert lang in LANGS, f"{name}:{line}: a runnable block must be one of {sorted(LANGS)}, got {lang!r}"
         assert opts <= OPTIONS, f"{name}:{line}: unknown runnable options {sorted(opts - OPTIONS)}"
-        assert "script" not in opts or lang == "python", f"{name}:{line}: only a python block runs as a script"
+        assert "script" not in opts or lang == "python", (
+            f"{name}:{line}: only a python block runs as a script"
+        )
 
 
 def test_with_checks_turns_literal_comments_into_asserts():
     code = "x = [1, 2]\nx  # [1, 2]: both\nlen(x)  # two items\nx[0]  # 1\nx[1], x[0]\n# (2, 1)"
     assert with_checks(code).split("\n") == [
-        "x = [1, 2]", "assert (x) == [1, 2], ('x', (x))", "len(x)  # two items", "assert (x[0]) == 1, ('x[0]', (x[0]))",
-        "assert (x[1], x[0]) == (2, 1), ('x[1], x[0]', (x[1], x[0]))", "# (2, 1)",
-    ]  # fmt: skip
+        "x = [1, 2]",
+        "assert (x) == [1, 2], ('x', (x))",
+        "len(x)  # two items",
+        "assert (x[0]) == 1, ('x[0]', (x[0]))",
+        "assert (x[1], x[0]) == (2, 1), ('x[1], x[0]', (x[1], x[0]))",
+        "# (2, 1)",
+    ]
 
 
 @pytest.mark.parametrize(
     ("name", "line", "lang", "opts", "code"),
-    [pytest.param(*b, id=f"{b[0]}:{b[1]}", marks=[pytest.mark.slow] if "slow" in b[3] else []) for b in BLOCKS],
+    [
+        pytest.param(*b, id=f"{b[0]}:{b[1]}", marks=[pytest.mark.slow] if "slow" in b[3] else [])
+        for b in BLOCKS
+    ],
 )
 def test_a_runnable_block_runs_as_written(name, line, lang, opts, code, tmp_path):
     timeout = 280 if "slow" in opts else 60

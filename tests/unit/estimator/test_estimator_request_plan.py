@@ -19,7 +19,12 @@ def test_request_plan_hand_computed():
 
 def test_readme_next_step_fresh_request():
     # owners of 100 tokens at C=4, P=64: pages [0, 1] (page 0 full on lane 0, page 1 = 36 tokens on lane 1).
-    assert mqa_logits_elements(plan_request(0, 100, CPConfig(4, 64, "rotation"))).tolist() == [64 * 64, 36 * 100, 0, 0]
+    assert mqa_logits_elements(plan_request(0, 100, CPConfig(4, 64, "rotation"))).tolist() == [
+        64 * 64,
+        36 * 100,
+        0,
+        0,
+    ]
 
 
 def test_empty_request_plan():
@@ -28,9 +33,14 @@ def test_empty_request_plan():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    cp=st.integers(1, 6), page=st.integers(1, 9), prefix=st.integers(0, 300), extend=st.integers(0, 300),
-    req_index=st.integers(0, 7), head=st.integers(0, 5), strategy=st.sampled_from(["zigzag", "interleave"]),
-)  # fmt: skip
+    cp=st.integers(1, 6),
+    page=st.integers(1, 9),
+    prefix=st.integers(0, 300),
+    extend=st.integers(0, 300),
+    req_index=st.integers(0, 7),
+    head=st.integers(0, 5),
+    strategy=st.sampled_from(["zigzag", "interleave"]),
+)
 def test_request_plan_equals_its_batch_of_one(cp, page, prefix, extend, req_index, head, strategy):
     cfg = CPConfig(cp, page, "rotation", strategy)
     one = plan_request(prefix, extend, cfg, req_index=req_index, head_owner=head % cp)

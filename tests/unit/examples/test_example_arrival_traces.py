@@ -16,10 +16,14 @@ SCRIPT = Path(__file__).resolve().parents[3] / "examples" / "arrival_traces.py"
 
 
 def test_arrival_traces_are_the_readme_patterns(tmp_path):
-    out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
-    reqs = {name: load_trace(tmp_path / f"{name}.jsonl")
-            for name in ("burst512_65", "burst24_65", "one_at_a_time_65_127", "burst64_64")}  # fmt: skip
+    reqs = {
+        name: load_trace(tmp_path / f"{name}.jsonl")
+        for name in ("burst512_65", "burst24_65", "one_at_a_time_65_127", "burst64_64")
+    }
     for name, n, length in (("burst512_65", 512, 65), ("burst24_65", 24, 65), ("burst64_64", 64, 64)):
         assert len(reqs[name]) == n
         assert {(r.arrival_ms, r.input_length) for r in reqs[name]} == {(0.0, length)}

@@ -20,11 +20,20 @@ def test_the_example_grid_sweeps_cp_size_pool_policy_and_storage(tmp_path):
     path.write_text(text)
     grid = read_grid(path)
     assert grid.workload["max_requests"] == 2000
-    assert grid.workload["trace"].resolve() == (tmp_path / ".." / "shared" / "traces" /
-                                                "mooncake_conversation_trace.jsonl").resolve()  # fmt: skip
+    assert (
+        grid.workload["trace"].resolve()
+        == (tmp_path / ".." / "shared" / "traces" / "mooncake_conversation_trace.jsonl").resolve()
+    )
     assert "kv_storage" in grid_keys()
     assert grid.varied == ["cp_size", "pages_per_lane", "policy", "kv_storage", "groups"]
     points = grid.points()
     assert len(points) == 48
-    assert {(p["cp_size"][0], p["groups"][0]) for p in points} == {(4, 4), (4, 8), (4, 16), (8, 2), (8, 4), (8, 8)}
+    assert {(p["cp_size"][0], p["groups"][0]) for p in points} == {
+        (4, 4),
+        (4, 8),
+        (4, 16),
+        (8, 2),
+        (8, 4),
+        (8, 8),
+    }
     assert grid.target.text == "ttft_ms_p99 <= 10000"

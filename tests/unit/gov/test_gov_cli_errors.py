@@ -14,9 +14,12 @@ pytestmark = pytest.mark.unit
     ("argv", "message"),
     [
         ([], "cpkv: error: the following arguments are required: command (see python -m cpkv.gov --help)\n"),
-        (["check", "--bogus"], "cpkv: error: unrecognized arguments: --bogus (see python -m cpkv.gov --help)\n"),
+        (
+            ["check", "--bogus"],
+            "cpkv: error: unrecognized arguments: --bogus (see python -m cpkv.gov --help)\n",
+        ),
     ],
-)  # fmt: skip
+)
 def test_usage_errors_are_one_cpkv_error_line_exit_2(argv, message, capsys):
     assert main(argv) == 2
     out = capsys.readouterr()
@@ -42,7 +45,15 @@ def test_missing_gov_dir_and_spec_use_the_cpkv_error_form(tmp_path, monkeypatch,
 
 @pytest.mark.slow
 def test_module_entry_point_exit_status(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "cpkv.gov", "check", "--bogus"], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "cpkv.gov", "check", "--bogus"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr.startswith("cpkv: error: unrecognized arguments: --bogus") and proc.stderr.count("\n") == 1
+    assert (
+        proc.stderr.startswith("cpkv: error: unrecognized arguments: --bogus")
+        and proc.stderr.count("\n") == 1
+    )

@@ -51,7 +51,21 @@ def test_blocks_inside_one_run_and_blocks_across_runs():
     from cpkv.kernels.slots import _BLOCK, fill_table
 
     one = plan_batch([10], [8], CPConfig(1, 4), head_owners=[0])  # fill_table's docstring example
-    assert fill_table(one, np.array([9]), np.array([5, 2])).tolist() == [0, 2, 6, 8, 10, -1, -2, 0, 2, 0, 10, 5, 2]
+    assert fill_table(one, np.array([9]), np.array([5, 2])).tolist() == [
+        0,
+        2,
+        6,
+        8,
+        10,
+        -1,
+        -2,
+        0,
+        2,
+        0,
+        10,
+        5,
+        2,
+    ]
     plan = plan_batch([5, 0], [9000, 2100], CPConfig(2, 16), head_owners=[1, None])
     starts = np.cumsum(plan.token_runs.length) - plan.token_runs.length
     first = np.arange(0, plan.num_tokens, _BLOCK)

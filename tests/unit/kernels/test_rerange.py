@@ -16,7 +16,9 @@ from kernel_cases import ROW_DTYPES, Batch, batches, bits, check_rerange, random
 pytest.importorskip("triton", reason="Triton is not installed: `pip install -e '.[gpu]'` (make test does)")
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-KERNEL")]
 
-SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def _batch(plan) -> Batch:
@@ -53,22 +55,36 @@ def test_owners_come_from_the_plan_not_from_the_zigzag_rank(phase):
 
 @pytest.mark.clause("C-GATHER")
 @SETTINGS
-@given(batch=batches(), width=st.sampled_from([1, 3, 8, 128]), dtype=st.sampled_from(ROW_DTYPES), seed=st.integers(0, 99))
+@given(
+    batch=batches(),
+    width=st.sampled_from([1, 3, 8, 128]),
+    dtype=st.sampled_from(ROW_DTYPES),
+    seed=st.integers(0, 99),
+)
 def test_random_batches_equal_the_numpy_reference(batch, width, dtype, seed):
     check_rerange(batch, width, dtype, "cpu", seed, use_out=bool(seed % 2))
 
 
 @pytest.mark.clause("C-GATHER")
 @settings(max_examples=8, deadline=None)
-@given(batch=batches(max_tokens=600), dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 99))
+@given(
+    batch=batches(max_tokens=600),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 99),
+)
 def test_latent_rows_576_wide(batch, dtype, seed):
     check_rerange(batch, 576, dtype, "cpu", seed)
 
 
 def test_balanced_policy_batch_many_column_blocks(launches):
     # 6 requests under explicit phases, index-key rows (128 wide, bf16) and 300-wide int32 rows.
-    plan = plan_batch([0, 64, 100, 7, 0, 5], [700, 1, 90, 0, 33, 400], CPConfig(8, 64, "balanced"),
-                      head_owners=[None, None, 3, 1, None, 6], phases=[5, 2, 7, 0, 1, 4])  # fmt: skip
+    plan = plan_batch(
+        [0, 64, 100, 7, 0, 5],
+        [700, 1, 90, 0, 33, 400],
+        CPConfig(8, 64, "balanced"),
+        head_owners=[None, None, 3, 1, None, 6],
+        phases=[5, 2, 7, 0, 1, 4],
+    )
     check_rerange(_batch(plan), 128, torch.bfloat16, "cpu", seed=1)
     check_rerange(_batch(plan), 300, torch.int32, "cpu", seed=2, use_out=True)
     assert launches["copy_runs_kernel"] == 4

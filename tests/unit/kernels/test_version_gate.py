@@ -18,7 +18,9 @@ REQUIRED = ".".join(map(str, TRITON_MINIMUM))
 
 
 def test_installed_triton_passes_the_gate():
-    pytest.importorskip("triton", reason="Triton is not installed: `pip install -e '.[gpu]'` (make test does)")
+    pytest.importorskip(
+        "triton", reason="Triton is not installed: `pip install -e '.[gpu]'` (make test does)"
+    )
     import triton
 
     stack = require_kernel_version()
@@ -29,11 +31,23 @@ def test_installed_triton_passes_the_gate():
 @pytest.mark.parametrize(
     ("found", "minimum", "message"),
     [
-        (("3.1.0", ""), 1, rf"found triton 3\.1\.0 \(required >= {REQUIRED}\) and cpkv kernel ABI {KERNEL_ABI} \(required >= 1\); install"),
-        ((None, "import triton failed: ModuleNotFoundError: no"), 1, r"found no usable triton \(import triton failed: ModuleNotFoundError: no\) \(required >= "),
-        (("9.0.0", ""), KERNEL_ABI + 1, rf"found triton 9\.0\.0 .* cpkv kernel ABI {KERNEL_ABI} \(required >= {KERNEL_ABI + 1}\); upgrade cpkv"),
+        (
+            ("3.1.0", ""),
+            1,
+            rf"found triton 3\.1\.0 \(required >= {REQUIRED}\) and cpkv kernel ABI {KERNEL_ABI} \(required >= 1\); install",
+        ),
+        (
+            (None, "import triton failed: ModuleNotFoundError: no"),
+            1,
+            r"found no usable triton \(import triton failed: ModuleNotFoundError: no\) \(required >= ",
+        ),
+        (
+            ("9.0.0", ""),
+            KERNEL_ABI + 1,
+            rf"found triton 9\.0\.0 .* cpkv kernel ABI {KERNEL_ABI} \(required >= {KERNEL_ABI + 1}\); upgrade cpkv",
+        ),
     ],
-)  # fmt: skip
+)
 def test_one_error_names_found_and_required_versions(monkeypatch, found, minimum, message):
     monkeypatch.setattr(gate, "triton_version", lambda: found)
     with pytest.raises(KernelVersionError, match=message) as err:
@@ -50,7 +64,10 @@ def test_interpreter_floor_under_numpy_2_4(monkeypatch, numpy_version, passes):
     if passes:
         assert require_kernel_version(interpreter=True).triton == "3.5.1"
     else:
-        with pytest.raises(KernelVersionError, match=r"triton 3\.5\.1 \(required >= 3\.7\.0 for Triton's interpreter under numpy 2\.4\.1\)"):
+        with pytest.raises(
+            KernelVersionError,
+            match=r"triton 3\.5\.1 \(required >= 3\.7\.0 for Triton's interpreter under numpy 2\.4\.1\)",
+        ):
             require_kernel_version(interpreter=True)
 
 
@@ -86,7 +103,10 @@ def test_backend_per_device_and_mode(monkeypatch):
 @pytest.mark.parametrize("value", ["on", "triton", "0"])
 def test_bad_switch_value_is_a_config_error_naming_the_variable(monkeypatch, value):
     monkeypatch.setenv("CPKV_KERNELS", value)
-    with pytest.raises(ConfigError, match=rf"environment variable CPKV_KERNELS='{value}' is not a kernel mode; use one of auto, off"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"environment variable CPKV_KERNELS='{value}' is not a kernel mode; use one of auto, off",
+    ):
         kernel_backend("cpu")
     with pytest.raises(ConfigError, match="CPKV_KERNELS"):
         OwnerLaneAllocator(CPConfig(2, 4), 4)
@@ -98,10 +118,16 @@ def test_a_kernel_device_without_triton_fails_at_start_up(monkeypatch):
         OwnerLaneAllocator(CPConfig(2, 4), 4)  # TRITON_INTERPRET=1: the CPU takes the kernel path
     monkeypatch.setenv("CPKV_KERNELS", "off")  # the way out the message names: the numpy path
     alloc = OwnerLaneAllocator(CPConfig(2, 4, "rotation"), 4)
-    assert alloc.alloc_extend([0], [3], [-1]).out_cache_loc.tolist() == [8, 9, 10]  # lane 0's page 2 (0 is reserved)
+    assert alloc.alloc_extend([0], [3], [-1]).out_cache_loc.tolist() == [
+        8,
+        9,
+        10,
+    ]  # lane 0's page 2 (0 is reserved)
 
 
 def test_import_cpkv_does_not_import_triton():
     code = "import sys, cpkv, cpkv.kernels, cpkv.allocator; print('triton' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.strip() == "False"

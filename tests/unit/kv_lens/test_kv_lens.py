@@ -58,8 +58,16 @@ def test_verify_rows_are_rank_kv_lens_of_one_more_position_each():
         (lambda c: rank_kv_lens([5, 2], 3.0, c), PlanError, r"seq_len must be an integer, got 3.0"),
         (lambda c: rank_kv_lens([[5, 2]], 3, c), PlanError, r"page_ids must be 1-D"),
         (lambda c: rank_kv_lens([5, 2], 3, (2, 4)), ConfigError, r"config must be a CPConfig, got tuple"),
-        (lambda c: verify_rank_kv_lens([5, 2], 6, 3, c), PlanError, r"seq_len \+ num_draft_tokens = 9 out of range"),
-        (lambda c: verify_rank_kv_lens([5, 2], 6, 0, c), PlanError, r"num_draft_tokens must be an integer >= 1, got 0"),
+        (
+            lambda c: verify_rank_kv_lens([5, 2], 6, 3, c),
+            PlanError,
+            r"seq_len \+ num_draft_tokens = 9 out of range",
+        ),
+        (
+            lambda c: verify_rank_kv_lens([5, 2], 6, 0, c),
+            PlanError,
+            r"num_draft_tokens must be an integer >= 1, got 0",
+        ),
     ],
 )
 def test_errors_name_the_value(call, error, match):

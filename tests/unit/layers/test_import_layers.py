@@ -1,6 +1,6 @@
 """The source tree's shape, from its ``ast`` imports (lazy ones inside functions included): no import cycle,
 no import that runs back up the layers, no private name (``_x``) imported from another module of cpkv, and
-no source file over 400 lines. The floors below are the layering; a new module must find its floor here.
+no source file over 480 lines. The floors below are the layering; a new module must find its floor here.
 
 The data walk the floors follow: validate -> config, runs -> policy, plan -> planner -> slots, layout,
 estimator -> kernels -> allocator -> cache -> simulator, integrations -> executor -> cli; never back.
@@ -48,7 +48,8 @@ FLOORS = {
     "cpkv": 11,  # the package face: names load by importlib, never by an import statement
 }
 
-MAX_LINES = 400
+# Counted in ruff format's layout: the 400 lines of hand-packed code the cap was set on are about 480 formatted.
+MAX_LINES = 480
 LONG_FILES: dict[str, str] = {}  # "cpkv/x.py": why it may stay longer, for now (none today)
 
 
@@ -107,8 +108,10 @@ def graph(src: Path) -> tuple[dict[str, set[str]], list[str], list[str]]:
                 continue
             edges[m].add(target)
             if floor(target) > floor(m):
-                upward.append(f"{path.relative_to(src)}:{line}: {m} (floor {floor(m)}) imports {target} "
-                              f"(floor {floor(target)})")  # fmt: skip
+                upward.append(
+                    f"{path.relative_to(src)}:{line}: {m} (floor {floor(m)}) imports {target} "
+                    f"(floor {floor(target)})"
+                )
             bad = [n for n in names if n.startswith("_") and not n.startswith("__")]
             if bad:
                 private.append(f"{path.relative_to(src)}:{line}: {m} imports {', '.join(bad)} from {target}")
@@ -172,7 +175,7 @@ def test_no_private_name_is_imported_across_modules():
     assert graph(SRC)[2] == []
 
 
-def test_no_source_file_over_400_lines():
+def test_no_source_file_over_the_line_cap():
     assert long_files(SRC) == []
     for rel in LONG_FILES:  # an exception that is no longer needed goes
         assert len((SRC / rel).read_text(encoding="utf-8").splitlines()) > MAX_LINES, rel
@@ -180,7 +183,7 @@ def test_no_source_file_over_400_lines():
 
 def test_the_checks_catch_each_kind_of_fault(tmp_path, monkeypatch):
     # A tree with one of each fault: cpkv.planner <-> cpkv.policy (a cycle, and policy importing its floor's
-    # superior), cpkv.config importing a private name, and a 401-line cpkv/slots.py.
+    # superior), cpkv.config importing a private name, and a cpkv/slots.py one line over the cap.
     pkg = tmp_path / "cpkv"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -188,9 +191,9 @@ def test_the_checks_catch_each_kind_of_fault(tmp_path, monkeypatch):
     (pkg / "config.py").write_text("from .errors import _X\n")
     (pkg / "planner.py").write_text("from . import policy\n")
     (pkg / "policy.py").write_text("def f():\n    from .planner import g  # lazy, still an import\n")
-    (pkg / "slots.py").write_text("x = 1\n" * 401)
+    (pkg / "slots.py").write_text("x = 1\n" * (MAX_LINES + 1))
     edges, upward, private = graph(tmp_path)
     assert cycles(edges) == [["cpkv.planner", "cpkv.policy"]]
     assert upward == ["cpkv/policy.py:2: cpkv.policy (floor 3) imports cpkv.planner (floor 4)"]
     assert private == ["cpkv/config.py:1: cpkv.config imports _X from cpkv.errors"]
-    assert long_files(tmp_path) == ["cpkv/slots.py: 401 lines (> 400)"]
+    assert long_files(tmp_path) == [f"cpkv/slots.py: {MAX_LINES + 1} lines (> {MAX_LINES})"]

@@ -15,19 +15,30 @@ pytestmark = [pytest.mark.unit, pytest.mark.clause("C-LAYOUT")]
 
 LAYOUT = SharedKVLayout(4, 64, 8)
 SLOTS = [0, 63, 64, 65, 128, 197, 512, -1]
-WANT = {"read_slots": [0, 63, 512, 513, 1024, 1541, 128, -1], "write_slots": [0, 63, 0, 1, 0, 5, 128, -1],
-        "lane_of": [0, 0, 1, 1, 2, 3, 0, -1]}  # fmt: skip
+WANT = {
+    "read_slots": [0, 63, 512, 513, 1024, 1541, 128, -1],
+    "write_slots": [0, 63, 0, 1, 0, 5, 128, -1],
+    "lane_of": [0, 0, 1, 1, 2, 3, 0, -1],
+}
 
 
 @pytest.mark.parametrize(
     ("kind", "fn"),
-    [("sharded", "read_slots"), ("sharded", "write_slots"), ("sharded", "lane_of"), ("sharded", "owned_mask"),
-     ("replicated", "read_slots"), ("replicated", "write_slots")],  # a replicated pool has no owner translations
-)  # fmt: skip
+    [
+        ("sharded", "read_slots"),
+        ("sharded", "write_slots"),
+        ("sharded", "lane_of"),
+        ("sharded", "owned_mask"),
+        ("replicated", "read_slots"),
+        ("replicated", "write_slots"),
+    ],  # a replicated pool has no owner translations
+)
 def test_a_meta_tensor_is_refused_with_a_layout_error(fn, kind):
     layout = SharedKVLayout(4, 64, 8, kind=kind)
     args = (0,) if fn == "owned_mask" else ()
-    with pytest.raises(LayoutError, match=r"slots are a meta tensor \(8,\) torch.int64: it holds no slot values"):
+    with pytest.raises(
+        LayoutError, match=r"slots are a meta tensor \(8,\) torch.int64: it holds no slot values"
+    ):
         getattr(layout, fn)(torch.empty(8, dtype=torch.int64, device="meta"), *args)
 
 
@@ -76,7 +87,9 @@ def test_the_device_path_queues_the_range_check_and_check_false_skips_it(device_
         with pytest.raises(RuntimeError, match="a slot out of range: the pool has 2048 slots"):
             LAYOUT.read_slots(bad)  # the CPU's _assert_async raises at once; CUDA's at the next sync
         LAYOUT.read_slots(bad, check=False)  # the caller vouches: no check at all
-    with pytest.raises(RuntimeError, match="does not fit torch.int16"):  # the result's dtype, checked there too
+    with pytest.raises(
+        RuntimeError, match="does not fit torch.int16"
+    ):  # the result's dtype, checked there too
         SharedKVLayout(4, 64, 200).read_slots(torch.tensor([3 * 64], dtype=torch.int16))  # row 38,400
 
 

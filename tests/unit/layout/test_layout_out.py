@@ -22,9 +22,14 @@ def want(op, slots, C, P, Q):
 
 @settings(max_examples=100, deadline=None)
 @given(
-    C=st.integers(1, 9), P=st.sampled_from([1, 3, 64]), Q=st.integers(1, 40), op=st.sampled_from(sorted(OPS)),
-    dtype=st.sampled_from(["int64", "int32"]), as_torch=st.booleans(), data=st.data(),
-)  # fmt: skip
+    C=st.integers(1, 9),
+    P=st.sampled_from([1, 3, 64]),
+    Q=st.integers(1, 40),
+    op=st.sampled_from(sorted(OPS)),
+    dtype=st.sampled_from(["int64", "int32"]),
+    as_torch=st.booleans(),
+    data=st.data(),
+)
 def test_out_equals_fresh_result_and_oracle(C, P, Q, op, dtype, as_torch, data):
     layout = SharedKVLayout(C, P, Q)
     slots = data.draw(st.lists(st.integers(0, C * Q * P - 1) | st.just(-1), min_size=0, max_size=80))

@@ -60,7 +60,9 @@ def test_replicated_translates_as_cp_size_1_torch(dtype):
 def test_owner_translation_of_a_replicated_pool_raises(what):
     layout = SharedKVLayout(4, 64, 8, kind="replicated")
     call = (lambda s: layout.lane_of(s)) if what == "lane_of" else (lambda s: layout.owned_mask(s, 2))
-    with pytest.raises(PoolKindError, match=rf"{what} is an owner translation, but this pool is replicated") as info:
+    with pytest.raises(
+        PoolKindError, match=rf"{what} is an owner translation, but this pool is replicated"
+    ) as info:
         call(np.asarray(SLOTS))
     assert isinstance(info.value, LayoutError) and isinstance(info.value, ValueError)
 
@@ -116,7 +118,9 @@ def test_replicated_allocator_takes_one_page_count():
 def test_kernel_translations_of_a_replicated_pool(monkeypatch, dtype):
     # cpkv.kernels (Triton, here through its CPU interpreter) must not apply the sharded formula to a
     # replicated pool: slot 511 would read at row 1663 and write at 127 of a pool that has 512 rows.
-    pytest.importorskip("triton", reason="Triton is not installed: `pip install -e '.[gpu]'` (make test does)")
+    pytest.importorskip(
+        "triton", reason="Triton is not installed: `pip install -e '.[gpu]'` (make test does)"
+    )
     from cpkv import kernels as K
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")

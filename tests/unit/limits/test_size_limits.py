@@ -62,8 +62,11 @@ def test_huge_plans_fail_before_allocating(call):
 
 def test_message_names_tokens_pages_and_bytes():
     # 10**11 tokens at P=64: 1,562,500,000 pages; 8 * (3e11 + 3.125e9) + 80 * (2 * 4 + 1) bytes.
-    with pytest.raises(PlanError, match=r"100,000,000,000 tokens and 1,562,500,000 new pages at cp_size=4 would "
-                                        r"need 2,425,000,000,720 bytes"):  # fmt: skip
+    with pytest.raises(
+        PlanError,
+        match=r"100,000,000,000 tokens and 1,562,500,000 new pages at cp_size=4 would "
+        r"need 2,425,000,000,720 bytes",
+    ):
         plan_batch([0], [BIG], CPConfig(4, 64))
 
 
@@ -102,9 +105,10 @@ def test_limit_boundary_is_exact(C, monkeypatch):
 
 @settings(max_examples=30, deadline=None)
 @given(
-    C=st.integers(1, 8), P=st.sampled_from([1, 16, 64]),
+    C=st.integers(1, 8),
+    P=st.sampled_from([1, 16, 64]),
     lens=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 3000)), min_size=1, max_size=5),
-)  # fmt: skip
+)
 def test_plan_bytes_bound_what_a_plan_and_its_allocation_keep(C, P, lens):
     L0 = np.array([0 for _ in lens])
     E = np.array([e for _, e in lens])
@@ -140,10 +144,15 @@ def test_trace_line_too_large_for_the_simulator(tmp_path):
     from cpkv.sim.trace import TraceError, load_trace
 
     f = tmp_path / "t.jsonl"
-    f.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
-                 '{"timestamp": 1, "input_length": 10, "output_length": 1000000000000, "hash_ids": [2]}\n')  # fmt: skip
-    with pytest.raises(TraceError, match=r"t.jsonl:2: input_length 10 \+ output_length 1000000000000 would need "
-                                         r"8,000,000,000,160 bytes"):  # fmt: skip
+    f.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
+        '{"timestamp": 1, "input_length": 10, "output_length": 1000000000000, "hash_ids": [2]}\n'
+    )
+    with pytest.raises(
+        TraceError,
+        match=r"t.jsonl:2: input_length 10 \+ output_length 1000000000000 would need "
+        r"8,000,000,000,160 bytes",
+    ):
         load_trace(f)
 
 
@@ -155,8 +164,11 @@ def test_run_dist_workload_and_kv_buffer_too_large():
     assert "a run-dist workload of 10,000,000,000 tokens" in str(err) and peak < 2**20
     group = types.SimpleNamespace(world_size=2, rank=0, device=torch.device("cpu"))
     layout = SharedKVLayout(2, 64, 10**7)  # 1.28e9 slots x 2 layers x 64 floats x 4 B
-    with pytest.raises(ConfigError, match=r"a KV buffer of 2 layers x 1,280,000,000 slots x 64 floats would need "
-                                          r"655,360,000,000 bytes"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"a KV buffer of 2 layers x 1,280,000,000 slots x 64 floats would need "
+        r"655,360,000,000 bytes",
+    ):
         create_kv_buffer(group, layout, 2, 64, kind="mirrored", tag="t")
 
 
@@ -164,8 +176,15 @@ def test_run_dist_workload_and_kv_buffer_too_large():
 def test_a_pool_with_more_slots_than_2_pow_53_is_refused_before_anything_is_built():
     # slot = page * P + offset must stay exact (int64, float64): 4 lanes x 8 pages x 2**62 tokens would wrap
     # out_cache_loc onto page 0 (the padding page) or negative (padding) slots.
-    with pytest.raises(ConfigError, match=r"a pool of 32 pages of page_size=4611686018427387904 has more than 9007199254740992"):
+    with pytest.raises(
+        ConfigError,
+        match=r"a pool of 32 pages of page_size=4611686018427387904 has more than 9007199254740992",
+    ):
         OwnerLaneAllocator(CPConfig(4, 2**62, "rotation"), 8)
-    with pytest.raises(LayoutError, match=r"cp_size=4 x pages_per_lane=2 x page_size=4611686018427387904 slots exceeds"):
+    with pytest.raises(
+        LayoutError, match=r"cp_size=4 x pages_per_lane=2 x page_size=4611686018427387904 slots exceeds"
+    ):
         SharedKVLayout(4, 2**62, 2)
-    assert OwnerLaneAllocator(CPConfig(2, 2**50, "rotation"), 4).num_pages == 8  # 2**53 slots: the largest pool
+    assert (
+        OwnerLaneAllocator(CPConfig(2, 2**50, "rotation"), 4).num_pages == 8
+    )  # 2**53 slots: the largest pool

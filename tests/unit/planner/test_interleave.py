@@ -116,9 +116,12 @@ def test_bad_strategy_env_var_names_the_variable(monkeypatch):
 
 @settings(max_examples=300, deadline=None)
 @given(
-    C=st.integers(1, 12), P=st.sampled_from([1, 3, 16, 64]), L0=st.integers(0, 400), E=st.integers(0, 900),
+    C=st.integers(1, 12),
+    P=st.sampled_from([1, 3, 16, 64]),
+    L0=st.integers(0, 400),
+    E=st.integers(0, 900),
     data=st.data(),
-)  # fmt: skip
+)
 def test_round_robin_counts_and_small_requests_match_zigzag(C, P, L0, E, data):
     f = data.draw(st.integers(0, C - 1), label="phase")
     got = plan_request(L0, E, interleave(C, P), head_owner=0, phase=f)
@@ -288,7 +291,12 @@ def test_runs_are_built_on_first_read_and_pickle():
         assert other.token_owner.tolist() == plan.token_owner.tolist()
     runs = plan.token_runs
     assert runs.__dict__.get("_make") is None and not runs.length.flags.writeable
-    assert runs.owner.tolist() == [0, 1, 2, 3] * 4 + [1, 2, 3, 0]  # request 1 (phase 2): its head run, 3 pages
+    assert runs.owner.tolist() == [0, 1, 2, 3] * 4 + [
+        1,
+        2,
+        3,
+        0,
+    ]  # request 1 (phase 2): its head run, 3 pages
     assert runs.length.tolist() == [64] * 15 + [40, 28, 64, 64, 44]
     assert runs.pages.tolist() == [1] * 16 + [0, 1, 1, 1]
     assert runs.req.tolist() == [0] * 16 + [1] * 4

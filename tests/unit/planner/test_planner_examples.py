@@ -188,9 +188,11 @@ def test_object_arrays_of_ints_are_accepted_and_anything_else_is_typed():
     got = plan_batch(np.array([0, 128], dtype=object), np.array([7, 300], dtype=object), C4P64)
     assert got.page_owners.tolist() == want.page_owners.tolist()
     assert got.per_rank_tokens.tolist() == want.per_rank_tokens.tolist()
-    for bad, what in ((True, r"extend_lens\[0\] is True \(bool\), not an integer"),
-                      ("7", r"extend_lens\[0\] is '7' \(str\), not an integer"),
-                      (2**70, "extend_lens holds 1180591620717411303424, outside the int64 range")):  # fmt: skip
+    for bad, what in (
+        (True, r"extend_lens\[0\] is True \(bool\), not an integer"),
+        ("7", r"extend_lens\[0\] is '7' \(str\), not an integer"),
+        (2**70, "extend_lens holds 1180591620717411303424, outside the int64 range"),
+    ):
         with pytest.raises(PlanError, match=what):
             plan_batch([0], np.array([bad], dtype=object), C4P64)
     alloc = OwnerLaneAllocator(C4P64, 8)

@@ -46,8 +46,11 @@ def test_alloc_draft_k_beyond_int64_is_an_allocator_error_and_allocates_nothing(
 
 @pytest.mark.parametrize("head", [-2, 4, 10**6])
 def test_head_owner_out_of_range_says_minus_one_means_none(head):
-    with pytest.raises(PlanError, match=rf"^request 0: head_owner={head} out of range \[0, 4\), or -1 \(or None\) "
-                                        r"for no head owner$"):  # fmt: skip
+    with pytest.raises(
+        PlanError,
+        match=rf"^request 0: head_owner={head} out of range \[0, 4\), or -1 \(or None\) "
+        r"for no head owner$",
+    ):
         plan_batch([10], [5], CPConfig(4, 64), head_owners=[head])
     assert plan_batch([10], [5], CPConfig(4, 64), head_owners=[3]).requests[0].head_owner == 3
     assert plan_batch([0], [5], CPConfig(4, 64), head_owners=[-1]).requests[0].head_owner is None

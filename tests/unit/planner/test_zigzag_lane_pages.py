@@ -15,9 +15,12 @@ pytestmark = [pytest.mark.unit, pytest.mark.clause("C-ZIGZAG")]
 
 @settings(max_examples=300, deadline=None)
 @given(
-    C=st.integers(1, 12), P=st.sampled_from([1, 3, 16]), phase=st.data(),
-    L0=st.integers(0, 200), E=st.integers(0, 600),
-)  # fmt: skip
+    C=st.integers(1, 12),
+    P=st.sampled_from([1, 3, 16]),
+    phase=st.data(),
+    L0=st.integers(0, 200),
+    E=st.integers(0, 600),
+)
 def test_counts_equal_the_plans_page_owners(C, P, phase, L0, E):
     f = phase.draw(st.integers(0, C - 1), label="phase")
     plan = plan_request(L0, E, CPConfig(C, P), head_owner=0, phase=f)

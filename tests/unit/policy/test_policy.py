@@ -21,7 +21,9 @@ pytestmark = [pytest.mark.unit]
 def test_rotation_phase_on_ints_and_arrays():
     assert rotation_phase(130, 3, 64, 4) == 1  # (2 + 3) % 4
     L0, i = np.array([0, 64, 130, 1000]), np.arange(4)
-    assert rotation_phase(L0, i, 64, 4).tolist() == [oracle.phase(int(a), 64, int(b), 4) for a, b in zip(L0, i, strict=True)]
+    assert rotation_phase(L0, i, 64, 4).tolist() == [
+        oracle.phase(int(a), 64, int(b), 4) for a, b in zip(L0, i, strict=True)
+    ]
 
 
 @pytest.mark.clause("C-BALANCED")
@@ -43,15 +45,23 @@ def test_balanced_phases_equal_the_oracle_in_batch_order(C, P, data):
 
 @pytest.mark.clause("C-BALANCED")
 @settings(max_examples=120, deadline=None)
-@given(C=st.integers(1, 6), P=st.sampled_from([1, 4]), policy=st.sampled_from(["rotation", "legacy", "balanced"]),
-       data=st.data())  # fmt: skip
+@given(
+    C=st.integers(1, 6),
+    P=st.sampled_from([1, 4]),
+    policy=st.sampled_from(["rotation", "legacy", "balanced"]),
+    data=st.data(),
+)
 def test_one_page_lanes_are_the_phase_of_each_one_page_request(C, P, policy, data):
     B = data.draw(st.integers(1, 8), label="B")
     L0 = np.array(data.draw(st.lists(st.integers(0, 6), min_size=B, max_size=B), label="L0 pages")) * P
     rows = np.array(sorted(data.draw(st.sets(st.integers(0, B - 1), min_size=1), label="rows")))
     free = np.array(data.draw(st.lists(st.integers(0, 20), min_size=C, max_size=C), label="free"))
     decode = data.draw(st.booleans(), label="decode")  # one token each, or a drawn E up to one page
-    E = None if decode else np.array(data.draw(st.lists(st.integers(1, P), min_size=B, max_size=B), label="E"))
+    E = (
+        None
+        if decode
+        else np.array(data.draw(st.lists(st.integers(1, P), min_size=B, max_size=B), label="E"))
+    )
     before = free.copy()
     lanes = one_page_lanes(L0, E, rows, free, CPConfig(C, P, policy))
     assert free.tolist() == before.tolist()  # not modified
@@ -75,8 +85,16 @@ def test_a_kept_page_prefers_a_lane_with_a_free_page_when_another_lane_is_short(
     page, lane 1 (the recorded deviation, gov C-BALANCED; the oracle holds it too). With no lane short
     both readings agree."""
     free, transient = [0, 1, -1, 0], [0, 0, 0, 2]
-    assert balanced_phase(list(free), list(transient), 1, 0, False) == 1 == oracle.balanced_phase(0, 4, 4, 4, 0, free, transient)
+    assert (
+        balanced_phase(list(free), list(transient), 1, 0, False)
+        == 1
+        == oracle.balanced_phase(0, 4, 4, 4, 0, free, transient)
+    )
     g = [f + t for f, t in zip(free, transient, strict=True)]
     assert max(range(4), key=g.__getitem__) == 3  # criterion 1 over every phase (the literal reading): lane 3
     fits = [2, 1, 0, 0]  # no lane short: criterion 0 keeps lanes 0 and 1, the most free + transient wins
-    assert balanced_phase(list(fits), [0, 3, 0, 0], 1, 0, False) == oracle.balanced_phase(0, 4, 4, 4, 0, fits, [0, 3, 0, 0]) == 1
+    assert (
+        balanced_phase(list(fits), [0, 3, 0, 0], 1, 0, False)
+        == oracle.balanced_phase(0, 4, 4, 4, 0, fits, [0, 3, 0, 0])
+        == 1
+    )

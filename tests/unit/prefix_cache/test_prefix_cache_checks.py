@@ -25,8 +25,9 @@ def reference_pages(slots: list[int], P: int, alloc: OwnerLaneAllocator) -> list
         row = slots[i * P : (i + 1) * P]
         p = row[0] // P
         if row != [p * P + j for j in range(P)]:
-            raise PrefixCacheError(f"slots of page {i} (tokens {i * P}..{i * P + P - 1}) are not one whole page: "
-                                   f"{row[:8]}...")  # fmt: skip
+            raise PrefixCacheError(
+                f"slots of page {i} (tokens {i * P}..{i * P + P - 1}) are not one whole page: {row[:8]}..."
+            )
     pages = [slots[i * P] // P for i in range(k)]
     for p in pages:
         if not 0 < p < alloc.num_pages:
@@ -56,14 +57,20 @@ def cases(draw):
     C, P = draw(st.integers(1, 3)), draw(st.integers(1, 4))
     lanes = [draw(st.integers(2, 6)) for _ in range(C)] if draw(st.booleans()) else draw(st.integers(2, 6))
     strategy = draw(st.sampled_from(["zigzag", "interleave"]))
-    alloc = OwnerLaneAllocator(CPConfig(cp_size=C, page_size=P, owner_policy="rotation", cp_strategy=strategy), lanes)
+    alloc = OwnerLaneAllocator(
+        CPConfig(cp_size=C, page_size=P, owner_policy="rotation", cp_strategy=strategy), lanes
+    )
     for lane in draw(st.lists(st.integers(0, C - 1), max_size=8)):
         if alloc.free_pages_per_lane()[lane]:
             alloc.alloc_pages([lane])
     calls = []
     for _ in range(draw(st.integers(1, 3))):  # several calls: the buffers grow and are reused
-        pages = draw(st.lists(st.integers(-1, alloc.num_pages + 1), max_size=6))  # held, free, 0, out of range
-        slots = [p * P + j for p in pages for j in range(P)] + draw(st.lists(st.integers(0, 40), max_size=P - 1))
+        pages = draw(
+            st.lists(st.integers(-1, alloc.num_pages + 1), max_size=6)
+        )  # held, free, 0, out of range
+        slots = [p * P + j for p in pages for j in range(P)] + draw(
+            st.lists(st.integers(0, 40), max_size=P - 1)
+        )
         if slots and draw(st.booleans()):  # break one slot: a shift, another page's slot, or a negative one
             i = draw(st.integers(0, len(slots) - 1))
             slots[i] = draw(st.sampled_from([slots[i] + 1, slots[i] - 1, slots[i] + P, -slots[i] - 1]))
@@ -112,6 +119,8 @@ def test_insert_names_the_first_page_cached_elsewhere_after_the_trees_own_pages(
     slots_a = np.asarray([a * 2, a * 2 + 1, b * 2, b * 2 + 1, c * 2, c * 2 + 1])
     assert cache.insert(np.arange(1, 7), slots_a).pages.tolist() == [a, b, c]
     before = list(cache.entries())
-    with pytest.raises(PrefixCacheError, match=rf"^page {c} \(token 2\) is already cached at another position$"):
+    with pytest.raises(
+        PrefixCacheError, match=rf"^page {c} \(token 2\) is already cached at another position$"
+    ):
         cache.insert(np.asarray([1, 2, 9, 9]), np.asarray([a * 2, a * 2 + 1, c * 2, c * 2 + 1]))
     assert list(cache.entries()) == before

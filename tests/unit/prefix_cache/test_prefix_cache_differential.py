@@ -30,13 +30,28 @@ from cpkv.cache import PrefixCache
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-RELOAD"), pytest.mark.clause("C-LOCK")]
 
 INDEX = st.integers(0, 10**6)
-MODELED = ("hits", "misses", "inserted_pages", "duplicate_pages", "backups", "host_evictions", "host_dropped",
-           "load_backs", "load_back_owner_lane_capacity_failed", "load_back_failed_pages")  # fmt: skip
+MODELED = (
+    "hits",
+    "misses",
+    "inserted_pages",
+    "duplicate_pages",
+    "backups",
+    "host_evictions",
+    "host_dropped",
+    "load_backs",
+    "load_back_owner_lane_capacity_failed",
+    "load_back_failed_pages",
+)
 
 
 class Differential(RuleBasedStateMachine):
-    @initialize(cp_size=st.integers(1, 3), page_size=st.sampled_from([1, 2, 3]), pages_per_lane=st.integers(3, 12),
-                host=st.sampled_from([0, 1, 2, 5]), uneven=st.booleans())  # fmt: skip
+    @initialize(
+        cp_size=st.integers(1, 3),
+        page_size=st.sampled_from([1, 2, 3]),
+        pages_per_lane=st.integers(3, 12),
+        host=st.sampled_from([0, 1, 2, 5]),
+        uneven=st.booleans(),
+    )
     def setup(self, cp_size, page_size, pages_per_lane, host, uneven):
         self.C, self.P = cp_size, page_size
         caps = [pages_per_lane - r for r in range(cp_size)] if uneven else pages_per_lane
@@ -72,11 +87,14 @@ class Differential(RuleBasedStateMachine):
         return True
 
     def lock(self, i):
-        return self.call_both(lambda: self.cache.lock(self.handles[i][0]), lambda: self.ref.lock(self.handles[i][1]))
+        return self.call_both(
+            lambda: self.cache.lock(self.handles[i][0]), lambda: self.ref.lock(self.handles[i][1])
+        )
 
     def unlock(self, i):
-        return self.call_both(lambda: self.cache.unlock(self.handles[i][0]),
-                              lambda: self.ref.unlock(self.handles[i][1]))  # fmt: skip
+        return self.call_both(
+            lambda: self.cache.unlock(self.handles[i][0]), lambda: self.ref.unlock(self.handles[i][1])
+        )
 
     def alloc_extend(self, *args):
         for attempt in range(2):
@@ -199,6 +217,10 @@ class Differential(RuleBasedStateMachine):
 def test_run_cache_equals_per_page_model():
     run_state_machine_as_test(
         Differential,
-        settings=settings(max_examples=150, stateful_step_count=50, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow]),
+        settings=settings(
+            max_examples=150,
+            stateful_step_count=50,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
     )

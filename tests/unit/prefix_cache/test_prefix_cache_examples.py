@@ -16,8 +16,9 @@ pytestmark = pytest.mark.unit
 
 
 def make(cp_size=4, page_size=16, pages_per_lane=64, host=0, **kw):
-    alloc = OwnerLaneAllocator(CPConfig(cp_size=cp_size, page_size=page_size, owner_policy="rotation"),
-                               pages_per_lane)
+    alloc = OwnerLaneAllocator(
+        CPConfig(cp_size=cp_size, page_size=page_size, owner_policy="rotation"), pages_per_lane
+    )
     return alloc, PrefixCache(alloc, host_pages_per_lane=host, **kw)
 
 
@@ -28,13 +29,16 @@ def run_request(alloc, cache, tokens, req_index=0):
     m = cache.load_back(m)
     cache.lock(m.handle)
     # req_index is emulated with a batch of empty requests ahead of this one (C-PHASE rotates by index).
-    ext = alloc.alloc_extend([0] * req_index + [m.device_len], [0] * req_index + [len(tokens) - m.device_len],
-                             [-1] * req_index + [m.last_loc])
+    ext = alloc.alloc_extend(
+        [0] * req_index + [m.device_len],
+        [0] * req_index + [len(tokens) - m.device_len],
+        [-1] * req_index + [m.last_loc],
+    )
     slots = np.concatenate([m.device_slots, ext.out_cache_loc.numpy()])
     res = cache.insert(tokens, slots)
     slots[: res.slots.shape[0]] = res.slots
     cache.unlock(m.handle)
-    tail = slots[res.slots.shape[0]:]
+    tail = slots[res.slots.shape[0] :]
     if tail.size:
         alloc.free([int(tail[0]) // alloc.config.page_size])  # the caller keeps and frees the partial page
     return slots, ext.plan.page_owners
@@ -141,8 +145,14 @@ def test_evicted_pages_load_back_on_their_recorded_lanes():
     # Everything is evicted to the host tier, other allocations move the free lists, and load-back must
     # still place every page on the lane recorded at eviction, restoring the payload backed up for it.
     restored = {}
-    alloc, cache = make(cp_size=4, page_size=8, pages_per_lane=32, host=32,
-                        backup_fn=lambda p: ("kv", p), restore_fn=lambda p, payload: restored.update({p: payload}))
+    alloc, cache = make(
+        cp_size=4,
+        page_size=8,
+        pages_per_lane=32,
+        host=32,
+        backup_fn=lambda p: ("kv", p),
+        restore_fn=lambda p, payload: restored.update({p: payload}),
+    )
     prompts = [np.arange(1, 100) + 1000 * i for i in range(3)]
     lanes, old_pages = [], []
     for i, tokens in enumerate(prompts):
@@ -377,10 +387,20 @@ def test_insert_rejects_a_page_beyond_its_lane_capacity():
 def test_counters_start_at_zero_with_every_key():
     c = make(cp_size=3)[1].counters()
     assert c == {
-        "hits": 0, "misses": 0, "matched_tokens": 0, "host_matched_tokens": 0, "inserted_pages": 0,
-        "duplicate_pages": 0, "backups": 0, "host_evictions": 0, "host_dropped": 0, "load_backs": 0,
-        "load_back_owner_lane_capacity_failed": 0, "load_back_failed_pages": 0,
-        "evicted_pages": [0, 0, 0], "evicted_collateral_pages": [0, 0, 0],
+        "hits": 0,
+        "misses": 0,
+        "matched_tokens": 0,
+        "host_matched_tokens": 0,
+        "inserted_pages": 0,
+        "duplicate_pages": 0,
+        "backups": 0,
+        "host_evictions": 0,
+        "host_dropped": 0,
+        "load_backs": 0,
+        "load_back_owner_lane_capacity_failed": 0,
+        "load_back_failed_pages": 0,
+        "evicted_pages": [0, 0, 0],
+        "evicted_collateral_pages": [0, 0, 0],
     }
 
 

@@ -19,8 +19,14 @@ def make(cp_size=2, page_size=4, pages_per_lane=8, host=0):
 
 
 def snapshot(alloc, cache):
-    return (list(cache.entries()), cache.counters(), cache.evictable_pages_per_lane().tolist(),
-            cache.cached_pages_per_lane().tolist(), list(cache.host.items()), alloc.state_digest())  # fmt: skip
+    return (
+        list(cache.entries()),
+        cache.counters(),
+        cache.evictable_pages_per_lane().tolist(),
+        cache.cached_pages_per_lane().tolist(),
+        list(cache.host.items()),
+        alloc.state_digest(),
+    )
 
 
 def two_pages():

@@ -71,8 +71,12 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         caps = [pages_per_lane - r for r in range(cp_size)] if uneven else pages_per_lane  # unequal lanes
         self.alloc = OwnerLaneAllocator(CPConfig(cp_size, page_size, "rotation", strategy), caps)
         self.content = {}  # page -> tuple of token ids its K/V encodes (None once freed)
-        self.cache = PrefixCache(self.alloc, host_pages_per_lane=host, backup_fn=self.content.get,
-                                 restore_fn=self.content.__setitem__)
+        self.cache = PrefixCache(
+            self.alloc,
+            host_pages_per_lane=host,
+            backup_fn=self.content.get,
+            restore_fn=self.content.__setitem__,
+        )
         self.host_cap = host
         self.reqs: list[Req] = []
         self.pins = []  # (handle, tokens, device pages) of extra locks
@@ -125,9 +129,14 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         return n + sum(tuple(t[: p.shape[0] * self.P].tolist()) == key for _, t, p in self.pins)
 
     def snapshot(self):
-        return (list(self.cache.entries()), self.cache.counters(), self.cache.evictable_pages_per_lane().tolist(),
-                self.cache.cached_pages_per_lane().tolist(), list(self.cache.host.items()),
-                self.alloc.state_digest())  # fmt: skip
+        return (
+            list(self.cache.entries()),
+            self.cache.counters(),
+            self.cache.evictable_pages_per_lane().tolist(),
+            self.cache.cached_pages_per_lane().tolist(),
+            list(self.cache.host.items()),
+            self.alloc.state_digest(),
+        )
 
     def refused(self, call, handle):
         before = self.snapshot()
@@ -160,7 +169,9 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert back.device_pages[:n_dev].tolist() == m.device_pages.tolist()
         assert (back.device_pages[n_dev:] % self.C).tolist() == m.host_lanes[:k].tolist()
         assert after["load_backs"] - before["load_backs"] == k
-        failed = after["load_back_owner_lane_capacity_failed"] - before["load_back_owner_lane_capacity_failed"]
+        failed = (
+            after["load_back_owner_lane_capacity_failed"] - before["load_back_owner_lane_capacity_failed"]
+        )
         assert failed == (k < n_host)
         assert after["load_back_failed_pages"] - before["load_back_failed_pages"] == n_host - k
         return back
@@ -297,8 +308,12 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         after = self.cache.counters()
         assert min(n, evictable) <= freed <= evictable
         d_ev = [a - b for a, b in zip(after["evicted_pages"], before["evicted_pages"], strict=True)]
-        d_col = [a - b for a, b in zip(after["evicted_collateral_pages"], before["evicted_collateral_pages"],
-                                       strict=True)]
+        d_col = [
+            a - b
+            for a, b in zip(
+                after["evicted_collateral_pages"], before["evicted_collateral_pages"], strict=True
+            )
+        ]
         assert d_ev[lane] == freed and d_col[lane] == 0
         assert all(d_ev[r] == d_col[r] for r in range(self.C) if r != lane)
 
@@ -371,10 +386,14 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @invariant()
     def counters_add_up(self):
         c = self.cache.counters()
-        assert self.cache.total_cached_pages == c["inserted_pages"] + c["load_backs"] - sum(c["evicted_pages"])
+        assert self.cache.total_cached_pages == c["inserted_pages"] + c["load_backs"] - sum(
+            c["evicted_pages"]
+        )
         assert len(self.cache.host) == c["backups"] - c["host_evictions"] - c["host_dropped"]
         assert c["hits"] + c["misses"] == self.matches
-        assert all(0 <= x <= y for x, y in zip(c["evicted_collateral_pages"], c["evicted_pages"], strict=True))
+        assert all(
+            0 <= x <= y for x, y in zip(c["evicted_collateral_pages"], c["evicted_pages"], strict=True)
+        )
         if self.host_cap == 0:
             assert c["backups"] == 0 and c["load_backs"] == 0
 
@@ -402,6 +421,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 def test_prefix_cache_state_machine():
     run_state_machine_as_test(
         PrefixCacheMachine,
-        settings=settings(max_examples=50, stateful_step_count=40, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow]),
+        settings=settings(
+            max_examples=50,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
     )

@@ -51,7 +51,9 @@ def test_share_holds_the_prefix_through_the_new_lock_and_drops_duplicates():
     _prefill(flow, a, 0, 8)
     _prefill(flow, b, 0, 8)
     a.share(tokens)
-    assert a.cached == 8 and a.num_own_pages == 0 and flow.cache.evictable_pages_per_lane().sum() == 0  # locked
+    assert (
+        a.cached == 8 and a.num_own_pages == 0 and flow.cache.evictable_pages_per_lane().sum() == 0
+    )  # locked
     b.share(tokens)  # its two pages duplicate a's: freed by the cache, b's row switches to the tree's slots
     assert b.row.tolist() == a.row.tolist() and b.num_own_pages == 0
     assert alloc.used_pages_per_lane().sum() == 2 and _accounted(alloc, flow, [a, b])

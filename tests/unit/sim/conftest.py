@@ -29,9 +29,16 @@ def step_log():
             out = commit()
             if out is not None:
                 plan = out[1].plan
-                log.append(Step([r.req.req_id for r in out[0]], plan.prefix_lens.tolist(), plan.extend_lens.tolist(),
-                                plan.request_phases.tolist(), out[2].tolist(),
-                                run.alloc.free_pages_per_lane().tolist()))  # fmt: skip
+                log.append(
+                    Step(
+                        [r.req.req_id for r in out[0]],
+                        plan.prefix_lens.tolist(),
+                        plan.extend_lens.tolist(),
+                        plan.request_phases.tolist(),
+                        out[2].tolist(),
+                        run.alloc.free_pages_per_lane().tolist(),
+                    )
+                )
             return out
 
         run.builder.commit = logged

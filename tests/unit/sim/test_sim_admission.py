@@ -29,8 +29,12 @@ def test_align_chunk_examples():
     # C=2, P=4, prefix 6, n=1: the head page is partly filled, 1 token -> 1
     assert align_chunk(6, 1, 100, 2, 4) == 1
     # not the step's first request: a chunk may not stop inside a page (0: none), but may fill one
-    assert align_chunk(6, 1, 100, 2, 4, in_page=False) == 0 and align_chunk(6, 2, 100, 2, 4, in_page=False) == 2
-    assert align_chunk(8, 3, 100, 2, 4, in_page=False) == 0 and align_chunk(8, 5, 100, 2, 4, in_page=False) == 4
+    assert (
+        align_chunk(6, 1, 100, 2, 4, in_page=False) == 0 and align_chunk(6, 2, 100, 2, 4, in_page=False) == 2
+    )
+    assert (
+        align_chunk(8, 3, 100, 2, 4, in_page=False) == 0 and align_chunk(8, 5, 100, 2, 4, in_page=False) == 4
+    )
     assert align_chunk(8, 3, 3, 2, 4, in_page=False) == 3  # finishing is always allowed
 
 
@@ -143,6 +147,9 @@ def test_unequal_lanes_end_to_end_b19_situation():
         run = PolicyRun(cfg, policy, reqs)
         m = run.run().metrics
         assert m["requests_finished"] + m["requests_rejected"] == 8 and not m["livelock_detected"]
-        assert all(peak <= cap - (r == 0) for r, (peak, cap) in enumerate(zip(m["lane_pages_peak"], (9, 10, 10, 10), strict=True)))
+        assert all(
+            peak <= cap - (r == 0)
+            for r, (peak, cap) in enumerate(zip(m["lane_pages_peak"], (9, 10, 10, 10), strict=True))
+        )
         assert run.alloc.used_pages_per_lane().tolist() == run.cache.cached_pages_per_lane().tolist()
     assert PolicyRun(cfg, "balanced", reqs).run().metrics["requests_finished"] == 8

@@ -46,7 +46,10 @@ def test_the_512_prompt_burst_balances_kept_pages_and_compute():
     """512 prompts of 65 tokens at once, 64 pages per lane: the first rule gave lane peaks 61 32 64 32 64 32
     64 31 (lane_imbalance_peak 1.94, compute_imbalance 1.52); the amended rule <= 1.05 on both."""
     run, m = _run("balanced", _burst(512, 65), cp_size=8, page_size=64, pages_per_lane=64)
-    assert lane_metrics(run.rec.used()[-1:], 64)["lane_imbalance_peak"] <= 1.05 and m["compute_imbalance"] <= 1.05
+    assert (
+        lane_metrics(run.rec.used()[-1:], 64)["lane_imbalance_peak"] <= 1.05
+        and m["compute_imbalance"] <= 1.05
+    )
     assert max(m["lane_pages_peak"]) - min(m["lane_pages_peak"]) <= 3
 
 
@@ -80,8 +83,17 @@ def test_mtp_decode_blocked_by_each_other_retracts_the_youngest():
     is freed, it waits and comes back), and every request finishes."""
     rows = [(0.0, 6, 1, (0,)), (0.0, 1, 0, (0,)), (0.0, 1, 0, (1,)), (0.0, 8, 2, (160,)), (3.0, 5, 1, (0,))]
     reqs = [Request(i, t, n, out, ids) for i, (t, n, out, ids) in enumerate(rows)]
-    run, m = _run("balanced", reqs, cp_size=6, page_size=1, pages_per_lane=(2, 4, 10, 3, 14, 8), chunk_size=8,
-                  max_batch_tokens=64, spec_draft_tokens=4, spec_accept_rate=0)  # fmt: skip
+    run, m = _run(
+        "balanced",
+        reqs,
+        cp_size=6,
+        page_size=1,
+        pages_per_lane=(2, 4, 10, 3, 14, 8),
+        chunk_size=8,
+        max_batch_tokens=64,
+        spec_draft_tokens=4,
+        spec_accept_rate=0,
+    )
     assert m["retractions"] >= 1 and m["requests_rejected"] == 0
     assert len(run.ttft_ms) == 5  # one first token per request, retracted or not
     assert run.alloc.used_pages_per_lane().tolist() == run.cache.cached_pages_per_lane().tolist()
@@ -92,8 +104,11 @@ def test_mtp_draft_page_on_a_lane_full_of_its_own_pages_is_rejected():
     """Fault 2a (rotation, one request of 1 token and 5 outputs, C=4, P=3, lanes of 2, 3, 11, 12 pages, K=4):
     the draft's new page is on lane 0, whose only usable page holds the request's own head page; alone in
     the pool it still could not take its K slots, so it is rejected (lane), not left waiting."""
-    run = PolicyRun(SimConfig(cp_size=4, page_size=3, pages_per_lane=(2, 3, 11, 12), spec_draft_tokens=4),
-                    "rotation", [Request(0, 0.0, 1, 5, (0,))])  # fmt: skip
+    run = PolicyRun(
+        SimConfig(cp_size=4, page_size=3, pages_per_lane=(2, 3, 11, 12), spec_draft_tokens=4),
+        "rotation",
+        [Request(0, 0.0, 1, 5, (0,))],
+    )
     m = run.run().metrics
     assert not m["livelock_detected"] and m["requests_rejected"] == 1
     assert m["rejections"]["0"].startswith("lane: policy rotation puts the next page on lane 0")

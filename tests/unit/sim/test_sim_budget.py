@@ -30,8 +30,14 @@ def test_spec_example_chunks_8_4_2_2(policy, step_log):
     # [8, 16) -> 2 + ... rank 0 [8,10),[14,16): 20 + 32 = 52, too big; [8,12): rank 0 [8,9),[11,12):
     # 9 + 12 = 21; rank 1 [9,11): 22.  Fits.  [12,16): 13 + 16 = 29 / 30, too big; 3 tokens: rank 1
     # [13,15): 30, too big; 2 tokens: rank 0 [12,13): 13, rank 1 [13,14): 14.  Then [14,16): 15, 16.
-    cfg = SimConfig(cp_size=2, page_size=1, pages_per_lane=64, chunk_size=16, max_batch_tokens=16,
-                    logits_budget_mb=_budget_mb(26))  # fmt: skip
+    cfg = SimConfig(
+        cp_size=2,
+        page_size=1,
+        pages_per_lane=64,
+        chunk_size=16,
+        max_batch_tokens=16,
+        logits_budget_mb=_budget_mb(26),
+    )
     assert cfg.logits_budget_elements == 26
     run = PolicyRun(cfg, policy, [Request(0, 0.0, 16, 1, (7,))])
     log = step_log(run)
@@ -69,14 +75,23 @@ def test_request_whose_last_token_exceeds_the_budget_is_rejected_with_reason(ste
     # Budget 26: a one-token chunk at position p needs p + 1 elements, so a 40-token prompt's last token
     # (position 39, 40 elements) can never run: rejected when it would be admitted, before any of it is
     # computed (not run up to position 26 and rejected there, nor retried forever); the 6-token prompt runs.
-    cfg = SimConfig(cp_size=2, page_size=1, pages_per_lane=64, chunk_size=16, max_batch_tokens=16,
-                    logits_budget_mb=_budget_mb(26), livelock_steps=8)  # fmt: skip
+    cfg = SimConfig(
+        cp_size=2,
+        page_size=1,
+        pages_per_lane=64,
+        chunk_size=16,
+        max_batch_tokens=16,
+        logits_budget_mb=_budget_mb(26),
+        livelock_steps=8,
+    )
     reqs = [Request(0, 0.0, 40, 1, (1,)), Request(1, 0.0, 6, 1, (2,))]
     run = PolicyRun(cfg, "balanced", reqs)
     log = step_log(run)
     m = run.run().metrics
-    assert m["rejections"]["0"] == ("logits_budget: a one-token chunk at position 39 needs 40 logits elements on "
-                                    "one rank, over the budget of 26")  # fmt: skip
+    assert m["rejections"]["0"] == (
+        "logits_budget: a one-token chunk at position 39 needs 40 logits elements on "
+        "one rank, over the budget of 26"
+    )
     assert m["requests_finished"] == 1 and m["requests_rejected"] == 1 and not m["livelock_detected"]
     assert m["rejection_reasons"] == {"logits_budget": 1} and m["prefill_tokens"] == 6
     assert all(max(s.logits) <= 26 for s in log) and all(0 not in s.req_ids for s in log)
@@ -86,8 +101,14 @@ def test_request_whose_last_token_exceeds_the_budget_is_rejected_with_reason(ste
 def test_every_prompt_longer_than_the_budget_is_rejected_before_admission():
     # Budget 20 elements, two 30-token prompts of one block: each one's last token needs 30, so both are
     # rejected before admission: nothing computed, nothing matched, nothing cached.
-    cfg = SimConfig(cp_size=2, page_size=1, pages_per_lane=64, chunk_size=4, max_batch_tokens=4,
-                    logits_budget_mb=_budget_mb(20))  # fmt: skip
+    cfg = SimConfig(
+        cp_size=2,
+        page_size=1,
+        pages_per_lane=64,
+        chunk_size=4,
+        max_batch_tokens=4,
+        logits_budget_mb=_budget_mb(20),
+    )
     reqs = [Request(0, 0.0, 30, 1, (5,)), Request(1, 1000.0, 30, 1, (5,))]
     run = PolicyRun(cfg, "rotation", reqs)
     m = run.run().metrics
@@ -108,7 +129,9 @@ def test_a_prompt_longer_than_the_budget_is_rejected_at_admission_and_starves_no
     run = PolicyRun(cfg, "balanced", reqs)
     log = step_log(run)
     m = run.run().metrics
-    assert m["rejections"] == {"0": "logits_budget: a one-token chunk at position 19999 needs 20000 logits "
-                                     "elements on one rank, over the budget of 5242"}  # fmt: skip
+    assert m["rejections"] == {
+        "0": "logits_budget: a one-token chunk at position 19999 needs 20000 logits "
+        "elements on one rank, over the budget of 5242"
+    }
     assert m["requests_finished"] == 1 and m["prefill_tokens"] == 600
     assert all(0 not in s.req_ids for s in log)

@@ -28,8 +28,9 @@ def test_budgets_and_seed_stay_unbounded(field):
 @pytest.mark.parametrize("name", ["synthetic", "tiny-chunks", "tiny-chunks-reload", "short-prompts"])
 @pytest.mark.parametrize("n", [2**62, 2**63 - 1])
 def test_a_count_too_large_to_generate_is_a_config_error(name, n):
-    with pytest.raises(ConfigError, match=f"a {name} workload of {n:,} requests would need {REQUEST_BYTES * n:,} "
-                                          "bytes"):  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=f"a {name} workload of {n:,} requests would need {REQUEST_BYTES * n:,} bytes"
+    ):
         build_workload(name, num_requests=n)
 
 

@@ -37,7 +37,10 @@ def test_illustrative_cost_is_the_three_constants_bit_for_bit(C, P, data):
     B = data.draw(st.integers(1, 3))
     prefix = [data.draw(st.integers(0, 3000)) for _ in range(B)]
     extend = [data.draw(st.integers(0, 2000)) for _ in range(B)]
-    heads = [data.draw(st.integers(0, C - 1)) if L0 % P and E else None for L0, E in zip(prefix, extend, strict=True)]
+    heads = [
+        data.draw(st.integers(0, C - 1)) if L0 % P and E else None
+        for L0, E in zip(prefix, extend, strict=True)
+    ]
     seq = data.draw(st.lists(st.integers(P, 5000), max_size=4))
     cost = CostModel(linear_ms_per_token=data.draw(st.sampled_from([0.1, 0.37])), attn_ms_per_pair=2e-6)
     cfg = CPConfig(C, P, "rotation")
@@ -46,10 +49,16 @@ def test_illustrative_cost_is_the_three_constants_bit_for_bit(C, P, data):
     d = decode.per_rank_tokens.tolist() if decode is not None else [0] * C
     ill = IllustrativeCost(cost, C)
     got = ill.step_work(plan, decode)
-    assert got.dtype == np.float64 and got.tolist() == _illustrative_oracle(cost, prefix, extend, C, P, heads, d)
+    assert got.dtype == np.float64 and got.tolist() == _illustrative_oracle(
+        cost, prefix, extend, C, P, heads, d
+    )
     assert ill.overhead_ms == cost.step_overhead_ms == 2.0
-    assert ill.provenance() == {"cost_model": "illustrative", "linear_ms_per_token": cost.linear_ms_per_token,
-                                "attn_ms_per_pair": 2e-6, "step_overhead_ms": 2.0}  # fmt: skip
+    assert ill.provenance() == {
+        "cost_model": "illustrative",
+        "linear_ms_per_token": cost.linear_ms_per_token,
+        "attn_ms_per_pair": 2e-6,
+        "step_overhead_ms": 2.0,
+    }
 
 
 def test_library_default_is_illustrative():
@@ -83,9 +92,13 @@ class _Recorder:
 @pytest.mark.parametrize("colocated_decode", [False, True])
 def test_a_step_lasts_the_overhead_plus_its_slowest_rank(colocated_decode):
     C = 4
-    requests = [Request(req_id=i, arrival_ms=0.0, input_length=300 + 37 * i, output_length=3, hash_ids=(i,))
-                for i in range(6)]  # fmt: skip
-    cfg = SimConfig(cp_size=C, page_size=16, pages_per_lane=256, chunk_size=256, colocated_decode=colocated_decode)
+    requests = [
+        Request(req_id=i, arrival_ms=0.0, input_length=300 + 37 * i, output_length=3, hash_ids=(i,))
+        for i in range(6)
+    ]
+    cfg = SimConfig(
+        cp_size=C, page_size=16, pages_per_lane=256, chunk_size=256, colocated_decode=colocated_decode
+    )
     cost = _Recorder(C)
     run = PolicyRun(cfg, "rotation", requests, cost)
     result = run.run()
@@ -98,7 +111,8 @@ def test_a_step_lasts_the_overhead_plus_its_slowest_rank(colocated_decode):
     assert all(int(d.num_tokens) == int(d.num_requests) for d in decodes)  # one token per request
     prefill_work = [w for p, _, w in cost.calls if p is not None]
     assert result.metrics["compute_imbalance"] == pytest.approx(
-        sum(w.max() for w in prefill_work) / sum(w.mean() for w in prefill_work))
+        sum(w.max() for w in prefill_work) / sum(w.mean() for w in prefill_work)
+    )
 
 
 def test_illustrative_replay_unchanged_through_the_interface():
@@ -108,4 +122,6 @@ def test_illustrative_replay_unchanged_through_the_interface():
     cfg = SimConfig.for_workload(spec, cp_size=4, colocated_decode=True)
     a = PolicyRun(cfg, "balanced", spec.requests).run().metrics
     b = PolicyRun(cfg, "balanced", spec.requests, IllustrativeCost(cfg.cost, 4)).run().metrics
-    assert {k: v for k, v in a.items() if k != "sim_wall_s"} == {k: v for k, v in b.items() if k != "sim_wall_s"}
+    assert {k: v for k, v in a.items() if k != "sim_wall_s"} == {
+        k: v for k, v in b.items() if k != "sim_wall_s"
+    }

@@ -32,8 +32,13 @@ def test_compute_plan_of_each_strategy():
 
 def test_strategy_names_are_checked():
     assert check_strategies(["interleave", "all"]) == ["interleave", "zigzag"]
-    assert SimConfig().cp_strategy == "zigzag" and SimConfig(cp_strategy="interleave").cp_strategy == "interleave"
-    with pytest.raises(ConfigError, match="cp_strategy 'diagonal' is unknown; use one of zigzag, interleave or all"):
+    assert (
+        SimConfig().cp_strategy == "zigzag"
+        and SimConfig(cp_strategy="interleave").cp_strategy == "interleave"
+    )
+    with pytest.raises(
+        ConfigError, match="cp_strategy 'diagonal' is unknown; use one of zigzag, interleave or all"
+    ):
         SimConfig(cp_strategy="diagonal")
     with pytest.raises(ConfigError, match="'ring' is unknown"):
         check_strategies(["zigzag", "ring"])
@@ -48,11 +53,20 @@ def test_simulate_ignores_the_environment_variable(monkeypatch):
 
 
 def test_replay_labels():
-    assert replays(["balanced"], ["owner-lane"], ["interleave"]) == [("balanced", "interleave", "owner-lane", "balanced")]
-    assert [label for label, *_ in replays(["rotation"], ["owner-lane", "replicated"], ["zigzag", "interleave"])] == [
-        "zigzag/owner-lane/rotation", "zigzag/replicated", "interleave/owner-lane/rotation", "interleave/replicated"]  # fmt: skip
-    assert [label for label, *_ in replays(["rotation", "legacy"], ["owner-lane"], ["zigzag", "interleave"])] == [
-        "zigzag/rotation", "zigzag/legacy", "interleave/rotation", "interleave/legacy"]  # fmt: skip
+    assert replays(["balanced"], ["owner-lane"], ["interleave"]) == [
+        ("balanced", "interleave", "owner-lane", "balanced")
+    ]
+    assert [
+        label for label, *_ in replays(["rotation"], ["owner-lane", "replicated"], ["zigzag", "interleave"])
+    ] == [
+        "zigzag/owner-lane/rotation",
+        "zigzag/replicated",
+        "interleave/owner-lane/rotation",
+        "interleave/replicated",
+    ]
+    assert [
+        label for label, *_ in replays(["rotation", "legacy"], ["owner-lane"], ["zigzag", "interleave"])
+    ] == ["zigzag/rotation", "zigzag/legacy", "interleave/rotation", "interleave/legacy"]
 
 
 @pytest.mark.parametrize("design", KV_STORAGE_DESIGNS)
@@ -68,27 +82,58 @@ def test_every_design_computes_with_the_strategy(design):
     assert plan.config.cp_strategy == "interleave" and storage.alloc.config.cp_strategy == "interleave"
     if design == "owner-lane":
         assert plan.page_owners.tolist() == want["page_owners"]
-    elif design == "interleaved":  # (b + j) % C with b the freest lane: lane 1 (lane 0 lost page 0), then 1 + 10
+    elif (
+        design == "interleaved"
+    ):  # (b + j) % C with b the freest lane: lane 1 (lane 0 lost page 0), then 1 + 10
         assert plan.page_owners.tolist() == [(1 + j) % 4 for j in range(10)] + [(3 + j) % 4 for j in range(6)]
 
 
 def test_both_strategies_replay_every_design_and_are_keyed_in_the_report(tmp_path):
     out = tmp_path / "o"
-    rc = main(["simulate", "--workload", "synthetic", "--max-requests", "16", "--cp-size", "4", "--pages-per-lane",
-               "3000", "--policy", "balanced", "--kv-storage", "all", "--cp-strategy", "all", "--no-progress",
-               "--cost-model", "illustrative", "--out", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "simulate",
+            "--workload",
+            "synthetic",
+            "--max-requests",
+            "16",
+            "--cp-size",
+            "4",
+            "--pages-per-lane",
+            "3000",
+            "--policy",
+            "balanced",
+            "--kv-storage",
+            "all",
+            "--cp-strategy",
+            "all",
+            "--no-progress",
+            "--cost-model",
+            "illustrative",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "complete" and report["config"]["cp_strategies"] == ["zigzag", "interleave"]
     assert "cp_strategy" not in report["config"]
-    labels = [f"{s}/{d}" for s in ("zigzag", "interleave")
-              for d in ("owner-lane/balanced", "replicated", "interleaved", "interleaved-vblock")]  # fmt: skip
+    labels = [
+        f"{s}/{d}"
+        for s in ("zigzag", "interleave")
+        for d in ("owner-lane/balanced", "replicated", "interleaved", "interleaved-vblock")
+    ]
     assert list(report["policies"]) == report["config"]["runs"] == labels
     for label, m in report["policies"].items():
         assert m["cp_strategy"] == label.split("/")[0]
         assert m["requests_finished"] == m["requests_total"] == 16 and not m["livelock_detected"]
-    zig, inter = report["policies"]["zigzag/owner-lane/balanced"], report["policies"]["interleave/owner-lane/balanced"]
-    assert zig["prefill_tokens"] + zig["cache_hit_tokens"] == inter["prefill_tokens"] + inter["cache_hit_tokens"]
+    zig, inter = (
+        report["policies"]["zigzag/owner-lane/balanced"],
+        report["policies"]["interleave/owner-lane/balanced"],
+    )
+    assert (
+        zig["prefill_tokens"] + zig["cache_hit_tokens"] == inter["prefill_tokens"] + inter["cache_hit_tokens"]
+    )
     assert zig["compute_imbalance"] != inter["compute_imbalance"]  # the split changed what each rank computes
 
 
@@ -97,11 +142,21 @@ def test_one_strategy_keeps_the_labels_and_names_itself_in_the_config():
     cfg = SimConfig(cp_size=2, pages_per_lane=4000)
     result = simulate(cfg, spec, ["rotation"], cp_strategies=["interleave"], progress=False, table=False)
     assert [r.policy for r in result.results] == ["rotation"] and "runs" not in result.config
-    assert result.config["cp_strategies"] == ["interleave"] and result.results[0].metrics["cp_strategy"] == "interleave"
-    alone = simulate(SimConfig(cp_size=2, pages_per_lane=4000, cp_strategy="interleave"), spec, ["rotation"],
-                     progress=False, table=False)  # fmt: skip
+    assert (
+        result.config["cp_strategies"] == ["interleave"]
+        and result.results[0].metrics["cp_strategy"] == "interleave"
+    )
+    alone = simulate(
+        SimConfig(cp_size=2, pages_per_lane=4000, cp_strategy="interleave"),
+        spec,
+        ["rotation"],
+        progress=False,
+        table=False,
+    )
     a, b = alone.results[0].metrics, result.results[0].metrics
-    assert {k: v for k, v in a.items() if k != "sim_wall_s"} == {k: v for k, v in b.items() if k != "sim_wall_s"}
+    assert {k: v for k, v in a.items() if k != "sim_wall_s"} == {
+        k: v for k, v in b.items() if k != "sim_wall_s"
+    }
 
 
 def test_sweep_point_key_and_rows_hold_the_strategy(tmp_path):
@@ -109,8 +164,10 @@ def test_sweep_point_key_and_rows_hold_the_strategy(tmp_path):
     from cpkv.sweep.plan import plan_sweep
 
     grid = tmp_path / "grid.toml"
-    grid.write_text('[workload]\nworkload = "synthetic"\nmax_requests = 4\n[grid]\npolicy = "balanced"\n'
-                    'cost_model = "illustrative"\ncp_strategy = "all"\n')  # fmt: skip
+    grid.write_text(
+        '[workload]\nworkload = "synthetic"\nmax_requests = 4\n[grid]\npolicy = "balanced"\n'
+        'cost_model = "illustrative"\ncp_strategy = "all"\n'
+    )
     parsed = read_grid(grid)
     assert parsed.axes["cp_strategy"] == ("zigzag", "interleave")
     plan = plan_sweep(parsed)

@@ -32,7 +32,9 @@ def _code_defaults() -> dict[str, object]:
     sim = SimConfig()
     out = {f.name: getattr(sim, f.name) for f in dataclasses.fields(sim) if f.name != "cost"}
     out.update({f"cost.{f.name}": getattr(sim.cost, f.name) for f in dataclasses.fields(CostModel)})
-    out.update({f"measured.{f.name}": getattr(MeasuredSpec(), f.name) for f in dataclasses.fields(MeasuredSpec)})
+    out.update(
+        {f"measured.{f.name}": getattr(MeasuredSpec(), f.name) for f in dataclasses.fields(MeasuredSpec)}
+    )
     return out
 
 
@@ -73,9 +75,13 @@ def test_documented_flags_exist_and_have_the_codes_default():
         if name == "measured":  # the library prices with the illustrative constants, the CLI measures
             assert code[name] is None and default == "measured" and text.endswith("`cpkv simulate`: measured")
         elif default is not None:  # None: derived from the workload (help text names the default)
-            assert (default[0] if param.multiple else default) == code[name], flag  # --cp-strategy: one default
+            assert (default[0] if param.multiple else default) == code[name], (
+                flag
+            )  # --cp-strategy: one default
         elif code[name] is None:  # None: means what the docs say in parentheses, and the help text too
-            assert f"[{text.split('(')[1].rstrip(')').replace('_', '-')}]" in param.help.replace("--", ""), flag
+            assert f"[{text.split('(')[1].rstrip(')').replace('_', '-')}]" in param.help.replace("--", ""), (
+                flag
+            )
         else:
             assert f"{code[name]}" in param.help, flag
 

@@ -152,13 +152,37 @@ def test_outputs_written(tmp_path):
 
 
 def test_cli_simulate_and_bad_trace(tmp_path, capsys):
-    rc = main(["simulate", "--workload", "synthetic", "--max-requests", "15", "--cp-size", "4",
-               "--page-size", "16", "--pages-per-lane", "1024", "--policy", "rotation", "--no-progress",
-               "--cost-model", "illustrative", "--out", str(tmp_path / "o")])  # fmt: skip
+    rc = main(
+        [
+            "simulate",
+            "--workload",
+            "synthetic",
+            "--max-requests",
+            "15",
+            "--cp-size",
+            "4",
+            "--page-size",
+            "16",
+            "--pages-per-lane",
+            "1024",
+            "--policy",
+            "rotation",
+            "--no-progress",
+            "--cost-model",
+            "illustrative",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert rc == 0
-    assert json.loads((tmp_path / "o" / "report.json").read_text())["policies"]["rotation"]["requests_total"] == 15
+    assert (
+        json.loads((tmp_path / "o" / "report.json").read_text())["policies"]["rotation"]["requests_total"]
+        == 15
+    )
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n{"timestamp": 1}\n')
+    bad.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n{"timestamp": 1}\n'
+    )
     capsys.readouterr()
     assert main(["simulate", "--trace", str(bad), "--no-progress", "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err
@@ -167,9 +191,28 @@ def test_cli_simulate_and_bad_trace(tmp_path, capsys):
 
 
 def test_cli_simulate_unequal_lanes(tmp_path):
-    rc = main(["simulate", "--workload", "synthetic", "--max-requests", "6", "--cp-size", "4", "--page-size", "16",
-               "--pages-per-lane", "900,1000,1000,1000", "--policy", "balanced", "--no-progress",
-               "--cost-model", "illustrative", "--out", str(tmp_path / "o")])  # fmt: skip
+    rc = main(
+        [
+            "simulate",
+            "--workload",
+            "synthetic",
+            "--max-requests",
+            "6",
+            "--cp-size",
+            "4",
+            "--page-size",
+            "16",
+            "--pages-per-lane",
+            "900,1000,1000,1000",
+            "--policy",
+            "balanced",
+            "--no-progress",
+            "--cost-model",
+            "illustrative",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert rc == 0
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert report["config"]["pages_per_lane"] == [900, 1000, 1000, 1000]
@@ -199,8 +242,11 @@ def test_cli_simulate_checks_out_dir_before_running(tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("x")
     (tmp_path / "o" / "report.json").mkdir(parents=True)
-    for out, message in ((afile, "exists and is not a directory"), (afile / "sub", "is not a directory"),
-                         (tmp_path / "o", "report.json is a directory")):  # fmt: skip
+    for out, message in (
+        (afile, "exists and is not a directory"),
+        (afile / "sub", "is not a directory"),
+        (tmp_path / "o", "report.json is a directory"),
+    ):
         assert main(["simulate", "--max-requests", "3", "--no-progress", "--out", str(out)]) == 2
         err = capsys.readouterr()
         assert message in err.err and err.out == ""  # failed before replaying anything
@@ -210,8 +256,14 @@ def test_cli_simulate_checks_out_dir_before_running(tmp_path, capsys):
 @pytest.mark.parametrize("colocated_decode", [False, True])
 def test_no_page_leaks_after_replay(colocated_decode):
     # After every request finished, the only pages in use are the prefix cache's: nothing leaked.
-    cfg = SimConfig(cp_size=4, page_size=16, pages_per_lane=4096, chunk_size=512, max_batch_tokens=1024,
-                    colocated_decode=colocated_decode)  # fmt: skip
+    cfg = SimConfig(
+        cp_size=4,
+        page_size=16,
+        pages_per_lane=4096,
+        chunk_size=512,
+        max_batch_tokens=1024,
+        colocated_decode=colocated_decode,
+    )
     spec = build_workload("synthetic", num_requests=25, seed=2)
     run = PolicyRun(cfg, "rotation", spec.requests)
     m = run.run().metrics

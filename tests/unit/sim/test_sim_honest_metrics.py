@@ -35,7 +35,9 @@ def _percentile_oracle(finished: list[float], unfinished: int, q: float) -> floa
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.floats(0, 1e6), max_size=40), st.integers(0, 40), st.sampled_from([0, 1, 25, 50, 90, 99, 100]))
+@given(
+    st.lists(st.floats(0, 1e6), max_size=40), st.integers(0, 40), st.sampled_from([0, 1, 25, 50, 90, 99, 100])
+)
 def test_percentile_counts_every_request_and_is_null_on_an_unfinished_one(finished, unfinished, q):
     got = percentile_ms(finished, q, unfinished)
     want = _percentile_oracle(finished, unfinished, q)
@@ -49,7 +51,9 @@ def test_percentile_counts_every_request_and_is_null_on_an_unfinished_one(finish
 def test_percentile_examples():
     assert percentile_ms([1.0] * 64, 50, 128) is None and percentile_ms([1.0] * 64, 99, 128) is None
     assert percentile_ms([], 50) is None and percentile_ms([], 50, 3) is None
-    assert percentile_ms([1.0, 2.0, 3.0], 50, 1) == pytest.approx(2.5)  # [1, 2, 3, inf]: 1.5 -> between 2 and 3
+    assert percentile_ms([1.0, 2.0, 3.0], 50, 1) == pytest.approx(
+        2.5
+    )  # [1, 2, 3, inf]: 1.5 -> between 2 and 3
     assert percentile_ms([1.0, 2.0, 3.0], 99, 1) is None
 
 
@@ -63,9 +67,14 @@ def test_slo_attainment_is_the_share_of_all_requests():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(1, 8).flatmap(lambda C: st.tuples(
-    st.lists(st.lists(st.integers(0, 50), min_size=C, max_size=C), max_size=12),
-    st.one_of(st.integers(1, 50), st.lists(st.integers(1, 50), min_size=C, max_size=C)))))  # fmt: skip
+@given(
+    st.integers(1, 8).flatmap(
+        lambda C: st.tuples(
+            st.lists(st.lists(st.integers(0, 50), min_size=C, max_size=C), max_size=12),
+            st.one_of(st.integers(1, 50), st.lists(st.integers(1, 50), min_size=C, max_size=C)),
+        )
+    )
+)
 def test_lane_imbalance_peak_is_at_least_the_mean(case):
     rows, caps = case
     C = len(caps) if isinstance(caps, list) else (len(rows[0]) if rows else 1)
@@ -73,7 +82,9 @@ def test_lane_imbalance_peak_is_at_least_the_mean(case):
     out = lane_metrics(used, caps)
     # oracle: the ratio max_r u / mean_r u of every step whose mean fill is at least BUSY_FRACTION
     cap = np.broadcast_to(np.asarray(caps, dtype=float), (C,))
-    ratios = [max(u / cap) / (u / cap).mean() for u in used.astype(float) if (u / cap).mean() >= BUSY_FRACTION]
+    ratios = [
+        max(u / cap) / (u / cap).mean() for u in used.astype(float) if (u / cap).mean() >= BUSY_FRACTION
+    ]
     if ratios:
         assert out["lane_imbalance_mean"] == pytest.approx(sum(ratios) / len(ratios))
         assert out["lane_imbalance_peak"] == pytest.approx(max(ratios))
@@ -91,8 +102,20 @@ def test_short_prompts_peak_is_not_below_the_mean():
 
 
 def test_groups_pool_unfinished_requests_and_weigh_slo_attainment():
-    a = {"requests_total": 4, "requests_unfinished": 0, "ttft_ms_p50": 2.5, "ttft_ms_p99": 4.0, "slo_attainment": 0.5}
-    b = {"requests_total": 2, "requests_unfinished": 2, "ttft_ms_p50": None, "ttft_ms_p99": None, "slo_attainment": 0.0}
+    a = {
+        "requests_total": 4,
+        "requests_unfinished": 0,
+        "ttft_ms_p50": 2.5,
+        "ttft_ms_p99": 4.0,
+        "slo_attainment": 0.5,
+    }
+    b = {
+        "requests_total": 2,
+        "requests_unfinished": 2,
+        "ttft_ms_p50": None,
+        "ttft_ms_p99": None,
+        "slo_attainment": 0.0,
+    }
     out = combine([a, b], [np.array([1.0, 2.0, 3.0, 4.0]), np.array([])])
     assert out["requests_unfinished"] == 2
     assert out["ttft_ms_p50"] == pytest.approx(3.5)  # [1, 2, 3, 4, inf, inf]: position 2.5
@@ -102,8 +125,22 @@ def test_groups_pool_unfinished_requests_and_weigh_slo_attainment():
 
 def test_legacy_livelock_is_unfinished_not_fastest(tmp_path, capsys):
     out = tmp_path / "o"
-    code = main(["simulate", "--workload", "tiny-chunks-reload", "--policy", "legacy", "--cost-model", "illustrative",
-                 "--ttft-slo-ms", "1000", "--out", str(out), "--no-progress"])  # fmt: skip
+    code = main(
+        [
+            "simulate",
+            "--workload",
+            "tiny-chunks-reload",
+            "--policy",
+            "legacy",
+            "--cost-model",
+            "illustrative",
+            "--ttft-slo-ms",
+            "1000",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     m = json.loads((out / "report.json").read_text())["policies"]["legacy"]
     assert (m["requests_total"], m["requests_finished"], m["requests_unfinished"]) == (192, 64, 128)
@@ -120,7 +157,11 @@ def test_docs_define_every_report_field():
     from cpkv.sim.report import REPORT_FIELDS, SPEC_DECODE_FIELDS, STORAGE_FIELDS
 
     docs = (Path(__file__).resolve().parents[3] / "docs" / "metrics.md").read_text(encoding="utf-8")
-    rows = {name for line in docs.splitlines() if line.startswith("| `") for name in
-            __import__("re").findall(r"`(\w+)`", line.split(" | ", 1)[0])}  # fmt: skip
+    rows = {
+        name
+        for line in docs.splitlines()
+        if line.startswith("| `")
+        for name in __import__("re").findall(r"`(\w+)`", line.split(" | ", 1)[0])
+    }
     missing = [f for f in (*REPORT_FIELDS, *SPEC_DECODE_FIELDS, *STORAGE_FIELDS) if f not in rows]
     assert not missing, f"docs/metrics.md defines no row for {missing}"

@@ -25,7 +25,13 @@ def _req(i, blocks, length=None, t=0.0):
 
 
 def test_ideal_hits_examples():
-    reqs = [_req(0, (1, 2, 3)), _req(1, (1, 2, 9)), _req(2, (7, 2, 3)), _req(3, (1, 2, 3)), _req(4, (1, 5), 600)]
+    reqs = [
+        _req(0, (1, 2, 3)),
+        _req(1, (1, 2, 9)),
+        _req(2, (7, 2, 3)),
+        _req(3, (1, 2, 3)),
+        _req(4, (1, 5), 600),
+    ]
     # 1: blocks 1, 2 of request 0; 2: block 2 behind another first block is no prefix; 3: the whole prompt
     # but its last token (1,535 -> 1,472 in whole pages); 4: block 1 (512 tokens)
     assert ideal_hits(reqs, 64) == [0, 1024, 0, 1472, 512]
@@ -48,8 +54,11 @@ def _oracle_hits(reqs, P):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=5), min_size=1, max_size=12),
-       st.sampled_from([1, 16, 64, 512]), st.integers(0, B - 1))  # fmt: skip
+@given(
+    st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=5), min_size=1, max_size=12),
+    st.sampled_from([1, 16, 64, 512]),
+    st.integers(0, B - 1),
+)
 def test_ideal_hits_match_the_brute_force_oracle(prompts, P, short):
     reqs = [_req(i, p, B * len(p) - (short if i % 2 else 0)) for i, p in enumerate(prompts)]
     assert ideal_hits(reqs, P) == _oracle_hits(reqs, P)
@@ -66,7 +75,9 @@ def test_prefill_ms_prices_each_step_by_hand():
     # one request of 100 tokens, nothing cached: [0, 64) then [64, 100); C = 1 computes every pair
     step1 = over + lin * 64 + attn * 64 * 65 / 2
     step2 = over + lin * 36 + attn * 36 * (64 + 100 + 1) / 2
-    assert prefill_ms(cfg, IllustrativeCost(cost, 1), [0], [100]).tolist() == pytest.approx([step1 + step2], rel=1e-12)
+    assert prefill_ms(cfg, IllustrativeCost(cost, 1), [0], [100]).tolist() == pytest.approx(
+        [step1 + step2], rel=1e-12
+    )
     # with 40 tokens cached the keys start at 40
     one = over + lin * 10 + attn * 10 * (40 + 50 + 1) / 2
     assert prefill_ms(cfg, IllustrativeCost(cost, 1), [40], [10]).tolist() == pytest.approx([one], rel=1e-12)
@@ -75,17 +86,32 @@ def test_prefill_ms_prices_each_step_by_hand():
 def test_prefill_ms_packs_steps_as_the_scheduler_does():
     cost = IllustrativeCost(CostModel(linear_ms_per_token=1.0, attn_ms_per_pair=0.0, step_overhead_ms=0.0), 1)
     # 64-token budget a step: request 0 takes the first step, request 1 the second
-    assert prefill_ms(_cfg(chunk_size=64, max_batch_tokens=64), cost, [0, 0], [64, 64]).tolist() == [64.0, 128.0]
+    assert prefill_ms(_cfg(chunk_size=64, max_batch_tokens=64), cost, [0, 0], [64, 64]).tolist() == [
+        64.0,
+        128.0,
+    ]
     # 128 a step: both share one step of 128 tokens
-    assert prefill_ms(_cfg(chunk_size=64, max_batch_tokens=128), cost, [0, 0], [64, 64]).tolist() == [128.0, 128.0]
+    assert prefill_ms(_cfg(chunk_size=64, max_batch_tokens=128), cost, [0, 0], [64, 64]).tolist() == [
+        128.0,
+        128.0,
+    ]
     # one request running at a time: the second waits although the step has room
     cfg = _cfg(chunk_size=64, max_batch_tokens=128, max_running=1)
     assert prefill_ms(cfg, cost, [0, 0], [64, 64]).tolist() == [64.0, 128.0]
 
 
 def _load(**kw):
-    base = dict(requests=1000, span_s=250.0, prompt_tokens=10_000_000, new_tokens=6_000_000, sample_requests=200,
-                sample_tokens=2_000_000, sample_ms=100_000.0, sample_p50_ms=50_000.0, alone_ms=800.0)  # fmt: skip
+    base = dict(
+        requests=1000,
+        span_s=250.0,
+        prompt_tokens=10_000_000,
+        new_tokens=6_000_000,
+        sample_requests=200,
+        sample_tokens=2_000_000,
+        sample_ms=100_000.0,
+        sample_p50_ms=50_000.0,
+        alone_ms=800.0,
+    )
     return Load(**{**base, **kw})
 
 
@@ -102,20 +128,33 @@ def test_lines_over_capacity():
     ]
 
 
-@pytest.mark.parametrize(("new_tokens", "tail"), [
-    (2_500_000, ""),  # 50 %
-    (4_500_000, "; near capacity, bursts of arrivals queue and TTFT p99 rises far above p50"),  # 90 %
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("new_tokens", "tail"),
+    [
+        (2_500_000, ""),  # 50 %
+        (4_500_000, "; near capacity, bursts of arrivals queue and TTFT p99 rises far above p50"),  # 90 %
+    ],
+)
 def test_lines_under_capacity(new_tokens, tail):
     load = _load(new_tokens=new_tokens)
     lines = load_lines(load, SimConfig(), "illustrative constants")
-    assert lines[2] == (f"-> offered {load.ratio:.0%} of capacity: TTFT is mostly a prompt's own prefill (800 ms for "
-                        f"one of the mean size, alone) plus waits in bursts{tail}")  # fmt: skip
+    assert lines[2] == (
+        f"-> offered {load.ratio:.0%} of capacity: TTFT is mostly a prompt's own prefill (800 ms for "
+        f"one of the mean size, alone) plus waits in bursts{tail}"
+    )
 
 
 def test_lines_of_a_burst():
-    load = _load(requests=64, span_s=0.0, sample_requests=64, prompt_tokens=331_543, new_tokens=331_543,
-                 sample_tokens=331_543, sample_ms=39_700.0, sample_p50_ms=31_400.0)  # fmt: skip
+    load = _load(
+        requests=64,
+        span_s=0.0,
+        sample_requests=64,
+        prompt_tokens=331_543,
+        new_tokens=331_543,
+        sample_tokens=331_543,
+        sample_ms=39_700.0,
+        sample_p50_ms=31_400.0,
+    )
     assert load.ratio is None
     assert load_lines(load, SimConfig(chunk_size=64), "x")[::2] == [
         "load: 64 requests arrive at once: 331,543 prompt tokens, 331,543 to prefill",

@@ -21,8 +21,21 @@ from cpkv.sim.report import ReportWriteError, prepare_out_dir, write_atomic
 
 pytestmark = pytest.mark.unit
 
-SMALL = ["--workload", "synthetic", "--max-requests", "12", "--cp-size", "4", "--page-size", "16",
-         "--pages-per-lane", "1024", "--no-progress", "--cost-model", "illustrative"]  # fmt: skip
+SMALL = [
+    "--workload",
+    "synthetic",
+    "--max-requests",
+    "12",
+    "--cp-size",
+    "4",
+    "--page-size",
+    "16",
+    "--pages-per-lane",
+    "1024",
+    "--no-progress",
+    "--cost-model",
+    "illustrative",
+]
 
 
 def _hooked(before=None, after=None):
@@ -42,7 +55,9 @@ def _hooked(before=None, after=None):
 
 @pytest.fixture
 def hook_runs(monkeypatch):
-    return lambda before=None, after=None: monkeypatch.setattr(runner_mod, "PolicyRun", _hooked(before, after))
+    return lambda before=None, after=None: monkeypatch.setattr(
+        runner_mod, "PolicyRun", _hooked(before, after)
+    )
 
 
 def _table_rows(stdout: str) -> dict[str, list[str]]:
@@ -83,10 +98,17 @@ def test_late_write_failure_prints_table_then_one_error_line_exit_2(tmp_path, ho
     out = capsys.readouterr()
     rows = _table_rows(out.out)
     assert rows["requests_finished"] == ["12"] and "sim_wall_s" in rows  # the results were printed
-    assert out.err == (f"cpkv: error: cannot write {out_dir / 'report.json'}: Is a directory (wrote config.json, "
-                       "summary.csv, lanes.png; the table above has the results)\n")  # fmt: skip
+    assert out.err == (
+        f"cpkv: error: cannot write {out_dir / 'report.json'}: Is a directory (wrote config.json, "
+        "summary.csv, lanes.png; the table above has the results)\n"
+    )
     assert [r["policy"] for r in csv.DictReader((out_dir / "summary.csv").open())] == ["rotation"]
-    assert sorted(p.name for p in out_dir.iterdir()) == ["config.json", "lanes.png", "report.json", "summary.csv"]
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "config.json",
+        "lanes.png",
+        "report.json",
+        "summary.csv",
+    ]
 
 
 def test_disk_full_at_the_end_names_the_file(tmp_path, monkeypatch, capsys):
@@ -113,7 +135,9 @@ def test_a_failing_figure_costs_no_other_file(tmp_path, monkeypatch):
         raise AttributeError("module 'matplotlib' has no attribute 'get_data_path'")
 
     monkeypatch.setattr(report_mod, "_lanes_png", broken)
-    with pytest.raises(ReportWriteError, match=r"lanes.png: cannot produce it: AttributeError: .* \(wrote report.json"):
+    with pytest.raises(
+        ReportWriteError, match=r"lanes.png: cannot produce it: AttributeError: .* \(wrote report.json"
+    ):
         report_mod.write_outputs(tmp_path, {"policies": []}, [])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "report.json", "summary.csv"]
 
@@ -146,13 +170,21 @@ def test_report_is_written_after_each_policy(tmp_path, hook_runs):
     hook_runs(before=before)
     assert main(["simulate", *SMALL, "--out", str(out_dir)]) == 0
     assert seen["rotation"] is None
-    for policy, done, pending in (("legacy", ["rotation"], ["legacy", "balanced"]),
-                                  ("balanced", ["rotation", "legacy"], ["balanced"])):  # fmt: skip
+    for policy, done, pending in (
+        ("legacy", ["rotation"], ["legacy", "balanced"]),
+        ("balanced", ["rotation", "legacy"], ["balanced"]),
+    ):
         assert (seen[policy]["status"], list(seen[policy]["policies"]), seen[policy]["policies_pending"]) == (
-            "incomplete", done, pending)  # fmt: skip
+            "incomplete",
+            done,
+            pending,
+        )
     final = json.loads((out_dir / "report.json").read_text())
     assert (final["status"], list(final["policies"]), final["policies_pending"]) == (
-        "complete", ["rotation", "legacy", "balanced"], [])  # fmt: skip
+        "complete",
+        ["rotation", "legacy", "balanced"],
+        [],
+    )
 
 
 def test_interrupt_after_the_first_policy_keeps_it(tmp_path, hook_runs, capsys):
@@ -172,7 +204,10 @@ def test_interrupt_after_the_first_policy_keeps_it(tmp_path, hook_runs, capsys):
     assert _table_rows(out.out)["requests_finished"] == ["12"]  # the finished policy's table
     report = json.loads((out_dir / "report.json").read_text())
     assert (report["status"], list(report["policies"]), report["policies_pending"]) == (
-        "interrupted", ["rotation"], ["legacy", "balanced"])  # fmt: skip
+        "interrupted",
+        ["rotation"],
+        ["legacy", "balanced"],
+    )
     assert report["policies"]["rotation"]["requests_finished"] == 12
     assert [r["policy"] for r in csv.DictReader((out_dir / "summary.csv").open())] == ["rotation"]
     assert (out_dir / "lanes.png").read_bytes()[:4] == b"\x89PNG"
@@ -185,7 +220,8 @@ def test_interrupt_before_any_policy_finished_writes_nothing(tmp_path, hook_runs
     hook_runs(before=ctrl_c)
     assert main(["simulate", *SMALL, "--out", str(tmp_path / "o")]) == 130
     assert capsys.readouterr().err.splitlines() == [
-        "cpkv: aborted: interrupted before any policy finished; nothing was written"]  # fmt: skip
+        "cpkv: aborted: interrupted before any policy finished; nothing was written"
+    ]
     assert list((tmp_path / "o").iterdir()) == []
 
 
@@ -202,10 +238,27 @@ sys.exit(main(sys.argv[1:]))
 def test_real_sigint_after_the_first_policy(tmp_path):
     # tiny-chunks: rotation finishes in well under a second, legacy then runs for seconds into its livelock.
     out_dir = tmp_path / "o"
-    argv = ["simulate", "--workload", "tiny-chunks", "--policy", "rotation", "--policy", "legacy", "--no-progress",
-            "--cost-model", "illustrative", "--out", str(out_dir)]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "COLUMNS": "140"})  # fmt: skip
+    argv = [
+        "simulate",
+        "--workload",
+        "tiny-chunks",
+        "--policy",
+        "rotation",
+        "--policy",
+        "legacy",
+        "--no-progress",
+        "--cost-model",
+        "illustrative",
+        "--out",
+        str(out_dir),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "140"},
+    )
     deadline = time.monotonic() + 240  # lanes.png is the last file of the report written after rotation
     while not (out_dir / "lanes.png").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

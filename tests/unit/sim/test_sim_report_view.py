@@ -15,16 +15,23 @@ pytestmark = pytest.mark.unit
 @pytest.mark.parametrize(
     ("key", "value", "text"),
     [
-        ("sim_wall_s", 14.9, "14.90"), ("sim_wall_s", 9.402, "9.40"), ("sim_wall_s", 0.921, "0.92"),
+        ("sim_wall_s", 14.9, "14.90"),
+        ("sim_wall_s", 9.402, "9.40"),
+        ("sim_wall_s", 0.921, "0.92"),
         ("sim_wall_s", 1234.5, "1,234.50"),
-        ("lane_imbalance_peak", 1.00976, "1.0098"), ("lane_imbalance_mean", 8.0, "8.0000"),
+        ("lane_imbalance_peak", 1.00976, "1.0098"),
+        ("lane_imbalance_mean", 8.0, "8.0000"),
         ("compute_imbalance_mean", 12.34567, "12.3457"),
-        ("ttft_ms_p50", 4148.94, "4,148.9"), ("ttft_ms_p99", 3.25, "3.2"), ("ttft_ms_p99", None, "-"),
-        ("owner_lane_exhausted", 4114, "4,114"), ("livelock_detected", True, "yes"), ("livelock_detected", False, "no"),
+        ("ttft_ms_p50", 4148.94, "4,148.9"),
+        ("ttft_ms_p99", 3.25, "3.2"),
+        ("ttft_ms_p99", None, "-"),
+        ("owner_lane_exhausted", 4114, "4,114"),
+        ("livelock_detected", True, "yes"),
+        ("livelock_detected", False, "no"),
         ("lane_pages_peak", [638, 644, 645, 646, 648, 644, 645, 640], "638 644 645 646\n648 644 645 640"),
         ("lane_pages_peak", [814, 0, 0, 0, 0, 0, 0, 0], "814   0   0   0\n  0   0   0   0"),
     ],
-)  # fmt: skip
+)
 def test_one_precision_per_metric(key, value, text):
     assert format_value(key, value) == text
 
@@ -32,8 +39,14 @@ def test_one_precision_per_metric(key, value, text):
 def _result(policy, used, times_ms=None, **metrics):
     used = np.asarray(used, dtype=np.int32)
     base = {k: 0 for k in REPORT_FIELDS}
-    base.update(lane_pages_peak=used.max(axis=0).tolist(), lane_imbalance_peak=1.0, lane_imbalance_mean=1.0,
-                livelock_detected=False, ttft_ms_p50=None, ttft_ms_p99=None)  # fmt: skip
+    base.update(
+        lane_pages_peak=used.max(axis=0).tolist(),
+        lane_imbalance_peak=1.0,
+        lane_imbalance_mean=1.0,
+        livelock_detected=False,
+        ttft_ms_p50=None,
+        ttft_ms_p99=None,
+    )
     base.update(metrics)
     times = np.arange(1, used.shape[0] + 1, dtype=np.float64) * 100.0 if times_ms is None else times_ms
     return PolicyResult(policy, base, times, used)
@@ -41,7 +54,12 @@ def _result(policy, used, times_ms=None, **metrics):
 
 def _three_policies_c8():
     return [
-        _result("rotation", [[638, 644, 645, 646, 648, 644, 645, 640]], sim_wall_s=14.9, lane_imbalance_peak=1.00976),
+        _result(
+            "rotation",
+            [[638, 644, 645, 646, 648, 644, 645, 640]],
+            sim_wall_s=14.9,
+            lane_imbalance_peak=1.00976,
+        ),
         _result("legacy", [[16384, 0, 0, 0, 0, 0, 0, 0]], sim_wall_s=10.2, lane_imbalance_peak=8.0),
         _result("balanced", [[16383, 16384, 16384, 16384, 16384, 16384, 16384, 16384]], sim_wall_s=0.921),
     ]
@@ -80,8 +98,14 @@ def test_imbalance_curve_and_bins_by_hand():
     assert t.tolist() == [3.0, 5.0] and np.isnan(lo[0]) and np.isnan(hi[0]) and (lo[1], hi[1]) == (2.0, 7.0)
 
 
-CONFIG = {"workload_description": "tiny chunks, seed 0", "cp_size": 4, "page_size": 64, "pages_per_lane": 815,
-          "policies": ["rotation", "legacy", "balanced"], "workload_stats": {"num_requests": 64}}  # fmt: skip
+CONFIG = {
+    "workload_description": "tiny chunks, seed 0",
+    "cp_size": 4,
+    "page_size": 64,
+    "pages_per_lane": 815,
+    "policies": ["rotation", "legacy", "balanced"],
+    "workload_stats": {"num_requests": 64},
+}
 
 
 def _figure_results():
@@ -92,8 +116,14 @@ def _figure_results():
     livelock = {"lane": 0}
     return [
         _result("rotation", even, lane_imbalance_peak=1.00976, lane_imbalance_mean=1.0050),
-        _result("legacy", lane0, lane_imbalance_peak=8.0, lane_imbalance_mean=4.0, livelock_detected=True,
-                livelock=livelock),  # fmt: skip
+        _result(
+            "legacy",
+            lane0,
+            lane_imbalance_peak=8.0,
+            lane_imbalance_mean=4.0,
+            livelock_detected=True,
+            livelock=livelock,
+        ),
     ]
 
 
@@ -138,7 +168,9 @@ def test_binned_panels_of_different_lengths_share_one_band_legend_entry():
     # Long runs are binned, and two policies' runs have different step counts (so different bin counts):
     # the legend names the band once, not once per panel.
     rng = np.random.default_rng(3)
-    results = [_result(p, rng.integers(400, 815, size=(n, 4))) for p, n in (("rotation", 4000), ("balanced", 3100))]
+    results = [
+        _result(p, rng.integers(400, 815, size=(n, 4))) for p, n in (("rotation", 4000), ("balanced", 3100))
+    ]
     fig = lanes_figure(results, CONFIG)
     (legend,) = fig.legends
     labels = [t.get_text() for t in legend.get_texts()]

@@ -58,7 +58,9 @@ def test_tiny_chunks_reload_shape():
         assert r.input_length == len(r.hash_ids) * TRACE_BLOCK_TOKENS  # whole blocks
     # every follow-up extends one earlier prompt by 1..4 fresh blocks (same block ids: a prefix hit)
     for r in reqs[4:]:
-        parents = [p for p in reqs if p.arrival_ms < r.arrival_ms and r.hash_ids[: len(p.hash_ids)] == p.hash_ids]
+        parents = [
+            p for p in reqs if p.arrival_ms < r.arrival_ms and r.hash_ids[: len(p.hash_ids)] == p.hash_ids
+        ]
         assert parents and 1 <= len(r.hash_ids) - max(len(p.hash_ids) for p in parents) <= 4
     with pytest.raises(ConfigError, match="max_prompt_blocks must be >= 4, got 2"):
         tiny_chunks_reload_workload(min_prompt_blocks=4, max_prompt_blocks=2)
@@ -81,10 +83,23 @@ def test_tiny_chunks_reload_fails_load_backs_under_legacy_only():
     # page on lane 0, the follow-up burst fills lane 0 with one-page chunks, and every waiting follow-up's
     # load-back fails each step (then C-RELOAD gives the rest to recompute). Rotation and balanced put the
     # prefixes back on their recorded lanes, spread over all four, and finish everything.
-    reqs = tiny_chunks_reload_workload(24, seed=0, min_prompt_blocks=2, max_prompt_blocks=4, max_turn_blocks=2,
-                                       warmup_ms=24_000.0, turn_gap_ms=10_000.0)  # fmt: skip
-    spec = WorkloadSpec(name="tiny-chunks-reload", requests=reqs, chunk_pages=1, description="small",
-                        pool_percent=17, host_percent=100)  # fmt: skip
+    reqs = tiny_chunks_reload_workload(
+        24,
+        seed=0,
+        min_prompt_blocks=2,
+        max_prompt_blocks=4,
+        max_turn_blocks=2,
+        warmup_ms=24_000.0,
+        turn_gap_ms=10_000.0,
+    )
+    spec = WorkloadSpec(
+        name="tiny-chunks-reload",
+        requests=reqs,
+        chunk_pages=1,
+        description="small",
+        pool_percent=17,
+        host_percent=100,
+    )
     cfg = SimConfig.for_workload(spec, cp_size=4, page_size=128)
     legacy = PolicyRun(cfg, "legacy", reqs).run().metrics
     assert legacy["load_back_owner_lane_capacity_failed"] >= 100 and legacy["lane_pages_peak"][1:] == [0] * 3
@@ -92,4 +107,6 @@ def test_tiny_chunks_reload_fails_load_backs_under_legacy_only():
         m = PolicyRun(cfg, policy, reqs).run().metrics
         assert m["requests_finished"] == 72 and not m["livelock_detected"]
         assert m["load_back_pages"] > 0  # the follow-ups did come back from the host tier
-        assert m["load_back_owner_lane_capacity_failed"] <= legacy["load_back_owner_lane_capacity_failed"] // 100
+        assert (
+            m["load_back_owner_lane_capacity_failed"] <= legacy["load_back_owner_lane_capacity_failed"] // 100
+        )

@@ -95,10 +95,34 @@ def test_config_implies_colocated_decode_and_rejects_bad_values():
 
 
 def test_cli_flags_reach_the_report(tmp_path):
-    rc = main(["simulate", "--workload", "synthetic", "--max-requests", "12", "--cp-size", "4",
-               "--page-size", "16", "--pages-per-lane", "1024", "--policy", "rotation", "--policy", "legacy",
-               "--spec-draft-tokens", "3", "--spec-accept-rate", "0.5", "--no-progress",
-               "--cost-model", "illustrative", "--out", str(tmp_path)])  # fmt: skip
+    rc = main(
+        [
+            "simulate",
+            "--workload",
+            "synthetic",
+            "--max-requests",
+            "12",
+            "--cp-size",
+            "4",
+            "--page-size",
+            "16",
+            "--pages-per-lane",
+            "1024",
+            "--policy",
+            "rotation",
+            "--policy",
+            "legacy",
+            "--spec-draft-tokens",
+            "3",
+            "--spec-accept-rate",
+            "0.5",
+            "--no-progress",
+            "--cost-model",
+            "illustrative",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["config"]["spec_draft_tokens"] == 3 and report["config"]["spec_accept_rate"] == 0.5
@@ -126,5 +150,9 @@ def test_draft_slots_count_in_admission_no_livelock():
     m = run.run().metrics
     need = [-(-(r.input_length + r.output_length + fits_alone - 1) // 16) for r in spec.requests]
     finished = sum(n <= usable for n in need)
-    assert (m["requests_finished"], m["requests_rejected"], m["livelock_detected"]) == (finished, 8 - finished, False)
+    assert (m["requests_finished"], m["requests_rejected"], m["livelock_detected"]) == (
+        finished,
+        8 - finished,
+        False,
+    )
     assert m["leaked_pages"] == 0

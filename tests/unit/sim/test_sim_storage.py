@@ -25,7 +25,11 @@ from sim_workloads import workloads
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-STORAGE")]
 
-ROW, LAYERS, TOPK = 576 * 2 + 128 + 4, 61, 2048  # DeepSeek-V3.2's KV row bytes per token and layer, layers, top-k
+ROW, LAYERS, TOPK = (
+    576 * 2 + 128 + 4,
+    61,
+    2048,
+)  # DeepSeek-V3.2's KV row bytes per token and layer, layers, top-k
 GATHER_ROW = (576 + 128) * 2  # a row as SGLang all-gathers it: latent and index key, both bf16
 REASONS = {"pool", "lane", "logits_budget"}
 
@@ -35,12 +39,30 @@ def _design(name, cfg, policy="balanced"):
 
 
 # ------------------------------------------------------------------------------------------ the examples
-@pytest.mark.parametrize(("pages", "want"), [
-    (8, {"owner-lane": 31 * 16, "replicated": 7 * 16, "interleaved": 31 * 16, "interleaved-vblock": 7 * 64}),
-    # unequal ranks: a page every rank stores fits the smallest rank's memory
-    ((9, 10, 10, 10), {"owner-lane": 38 * 16, "replicated": 8 * 16, "interleaved": 38 * 16,
-                       "interleaved-vblock": 8 * 64}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("pages", "want"),
+    [
+        (
+            8,
+            {
+                "owner-lane": 31 * 16,
+                "replicated": 7 * 16,
+                "interleaved": 31 * 16,
+                "interleaved-vblock": 7 * 64,
+            },
+        ),
+        # unequal ranks: a page every rank stores fits the smallest rank's memory
+        (
+            (9, 10, 10, 10),
+            {
+                "owner-lane": 38 * 16,
+                "replicated": 8 * 16,
+                "interleaved": 38 * 16,
+                "interleaved-vblock": 8 * 64,
+            },
+        ),
+    ],
+)
 def test_capacity_of_each_design_with_the_same_hbm_per_rank(pages, want):
     # C=4, P=16: owner lanes and interleaving hold C * Q pages (page 0 reserved), replicated Q, virtual blocks
     # Q blocks of P * C tokens
@@ -57,7 +79,13 @@ def test_interleaved_places_position_page_j_on_rank_b_plus_j():
     assert plan.page_owners.tolist() == [1, 2, 3, 0, 1]
     assert plan.token_owner.tolist() == [0, 1, 2, 1, 2]
     a = s.alloc.allocate(plan, [-1, -1])
-    assert (a.new_pages % 4).tolist() == [1, 2, 3, 0, 1] and a.out_cache_loc_cpu.tolist() == a.new_pages.tolist()
+    assert (a.new_pages % 4).tolist() == [
+        1,
+        2,
+        3,
+        0,
+        1,
+    ] and a.out_cache_loc_cpu.tolist() == a.new_pages.tolist()
     # a later chunk of the first request continues its rotation after its last page (lane 3): lanes 0, 1
     nxt = s.alloc.alloc_extend([3], [2], [int(a.out_cache_loc_cpu[2])])
     assert (nxt.new_pages % 4).tolist() == [0, 1]
@@ -88,7 +116,9 @@ def test_interleaved_pages_of_a_request_are_cyclic_over_its_chunks(C, P, data):
     while any(d < n for d, n in zip(done, lengths, strict=True)):
         batch = [i for i, (d, n) in enumerate(zip(done, lengths, strict=True)) if d < n]
         ext = [min(lengths[i] - done[i], data.draw(st.integers(1, 4 * P))) for i in batch]
-        a = s.alloc.alloc_extend([done[i] for i in batch], ext, [slots[i][-1] if slots[i] else -1 for i in batch])
+        a = s.alloc.alloc_extend(
+            [done[i] for i in batch], ext, [slots[i][-1] if slots[i] else -1 for i in batch]
+        )
         out = a.out_cache_loc_cpu.tolist()
         for i, n in zip(batch, ext, strict=True):
             slots[i] += out[:n]
@@ -118,12 +148,23 @@ def test_virtual_block_hits_are_whole_blocks():
 
 
 # ------------------------------------------------------------------------ replicated at C=1 is owner-lane
-@pytest.mark.parametrize(("workload", "settings_"), [
-    ("synthetic", dict(pages_per_lane=300, chunk_size=512)),
-    ("tiny-chunks-reload", dict(colocated_decode=True)),
-    ("synthetic", dict(pages_per_lane=200, chunk_size=256, spec_draft_tokens=3, host_pages_per_lane=64,
-                       logits_budget_mb=1.0)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("workload", "settings_"),
+    [
+        ("synthetic", dict(pages_per_lane=300, chunk_size=512)),
+        ("tiny-chunks-reload", dict(colocated_decode=True)),
+        (
+            "synthetic",
+            dict(
+                pages_per_lane=200,
+                chunk_size=256,
+                spec_draft_tokens=3,
+                host_pages_per_lane=64,
+                logits_budget_mb=1.0,
+            ),
+        ),
+    ],
+)
 def test_replicated_at_one_rank_is_owner_lane_at_one_rank(workload, settings_):
     spec = build_workload(workload, num_requests=40, seed=2)
     cfg = SimConfig.for_workload(spec, cp_size=1, page_size=16, **settings_)
@@ -164,8 +205,15 @@ def _capture(run):
     def wrapped(rows, allocation):
         before = (t.allgather_bytes, t.read_bytes.copy(), t.exposed_ms)
         serial = count(rows, allocation)
-        steps.append(([np.array(r) for r in rows], allocation, before, (t.allgather_bytes, t.read_bytes.copy(),
-                                                                        t.exposed_ms), serial))  # fmt: skip
+        steps.append(
+            (
+                [np.array(r) for r in rows],
+                allocation,
+                before,
+                (t.allgather_bytes, t.read_bytes.copy(), t.exposed_ms),
+                serial,
+            )
+        )
         return serial
 
     run.storage.step_traffic = wrapped
@@ -211,8 +259,13 @@ def _prefix_rows_oracle(rows, plan, C, P, unit, vblock):
 def test_traffic_of_every_step_matches_the_token_oracle(design):
     # 12 prompts of 200-871 tokens, two in three sharing a first block, chunks of at most 160 tokens: steps
     # read cached prefixes and earlier chunks
-    reqs = [Request(i, 30.0 * i, 200 + 61 * i, 0, ((1,) if i % 3 else ()) + (100 + i, 200 + i)) for i in range(12)]
-    reqs = [Request(r.req_id, r.arrival_ms, r.input_length, 0, r.hash_ids[: -(-r.input_length // 512)]) for r in reqs]
+    reqs = [
+        Request(i, 30.0 * i, 200 + 61 * i, 0, ((1,) if i % 3 else ()) + (100 + i, 200 + i)) for i in range(12)
+    ]
+    reqs = [
+        Request(r.req_id, r.arrival_ms, r.input_length, 0, r.hash_ids[: -(-r.input_length // 512)])
+        for r in reqs
+    ]
     cfg = SimConfig(cp_size=4, page_size=8, pages_per_lane=300, chunk_size=160, max_batch_tokens=320)
     run = PolicyRun(cfg, "balanced", reqs, kv_storage=design)
     steps = _capture(run)
@@ -272,11 +325,20 @@ def test_recomputed_tokens_are_the_computed_pages_the_cache_no_longer_had():
 
 
 def test_runs_and_labels():
-    assert runs(["rotation", "balanced"], ["owner-lane"]) == [("rotation", "owner-lane", "rotation"),
-                                                             ("balanced", "owner-lane", "balanced")]  # fmt: skip
-    assert [label for label, _, _ in runs(["balanced"], ["replicated", "owner-lane"])] == ["replicated",
-                                                                                        "owner-lane/balanced"]  # fmt: skip
-    assert check_designs(["interleaved", "all"]) == ["interleaved", "owner-lane", "replicated", "interleaved-vblock"]
+    assert runs(["rotation", "balanced"], ["owner-lane"]) == [
+        ("rotation", "owner-lane", "rotation"),
+        ("balanced", "owner-lane", "balanced"),
+    ]
+    assert [label for label, _, _ in runs(["balanced"], ["replicated", "owner-lane"])] == [
+        "replicated",
+        "owner-lane/balanced",
+    ]
+    assert check_designs(["interleaved", "all"]) == [
+        "interleaved",
+        "owner-lane",
+        "replicated",
+        "interleaved-vblock",
+    ]
     with pytest.raises(ConfigError, match="'striped' is unknown"):
         check_designs(["striped"])
     assert format_value("kv_allgather_bytes_per_rank", 9_567_900_000_000) == "9,567.90 GB"
@@ -285,16 +347,40 @@ def test_runs_and_labels():
 @pytest.mark.slow
 def test_cli_kv_storage_all_keys_each_design(tmp_path, capsys):
     out = tmp_path / "o"
-    rc = main(["simulate", "--workload", "synthetic", "--max-requests", "20", "--cp-size", "2", "--page-size", "64",
-               "--pages-per-lane", "2000", "--kv-storage", "all", "--policy", "balanced", "--policy", "rotation",
-               "--no-progress", "--cost-model", "illustrative", "--out", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "simulate",
+            "--workload",
+            "synthetic",
+            "--max-requests",
+            "20",
+            "--cp-size",
+            "2",
+            "--page-size",
+            "64",
+            "--pages-per-lane",
+            "2000",
+            "--kv-storage",
+            "all",
+            "--policy",
+            "balanced",
+            "--policy",
+            "rotation",
+            "--no-progress",
+            "--cost-model",
+            "illustrative",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     labels = ["owner-lane/balanced", "owner-lane/rotation", "replicated", "interleaved", "interleaved-vblock"]
     assert list(report["policies"]) == labels and report["status"] == "complete"
     assert report["config"]["runs"] == labels and report["config"]["kv_storage"] == list(KV_STORAGE_DESIGNS)
-    assert [p["kv_storage"] for p in report["policies"].values()] == [d for d in KV_STORAGE_DESIGNS for _ in
-                                                                      range(2 if d == "owner-lane" else 1)]  # fmt: skip
+    assert [p["kv_storage"] for p in report["policies"].values()] == [
+        d for d in KV_STORAGE_DESIGNS for _ in range(2 if d == "owner-lane" else 1)
+    ]
     assert all(p["requests_finished"] == 20 for p in report["policies"].values())
     rows = list(csv.DictReader((out / "summary.csv").open()))
     assert [r["policy"] for r in rows] == labels and list(rows[0])[1:] == [*REPORT_FIELDS, *STORAGE_FIELDS]
@@ -303,11 +389,35 @@ def test_cli_kv_storage_all_keys_each_design(tmp_path, capsys):
     assert "kv_capacity_tokens" in table and "interleaved-vblock" in table
     # one design, owner-lane: the report of a run without designs (plain policy keys, no storage figure)
     plain = tmp_path / "p"
-    assert main(["simulate", "--workload", "synthetic", "--max-requests", "5", "--cp-size", "2", "--policy",
-                 "rotation", "--no-progress", "--cost-model", "illustrative", "--out", str(plain)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "simulate",
+                "--workload",
+                "synthetic",
+                "--max-requests",
+                "5",
+                "--cp-size",
+                "2",
+                "--policy",
+                "rotation",
+                "--no-progress",
+                "--cost-model",
+                "illustrative",
+                "--out",
+                str(plain),
+            ]
+        )
+        == 0
+    )
     report = json.loads((plain / "report.json").read_text())
     assert list(report["policies"]) == ["rotation"] and "runs" not in report["config"]
-    assert sorted(p.name for p in plain.iterdir()) == ["config.json", "lanes.png", "report.json", "summary.csv"]
+    assert sorted(p.name for p in plain.iterdir()) == [
+        "config.json",
+        "lanes.png",
+        "report.json",
+        "summary.csv",
+    ]
     assert list(next(csv.DictReader((plain / "summary.csv").open())))[1:] == list(REPORT_FIELDS)
     capsys.readouterr()
     assert main(["simulate", "--kv-storage", "striped", "--no-progress", "--out", str(tmp_path / "x")]) == 2

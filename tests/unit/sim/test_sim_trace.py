@@ -318,11 +318,17 @@ def test_arrivals_are_rebased_to_the_first_timestamp_exactly(tmp_path):
     [
         ([1.7e18, 1.7e18], 1, "is 1.7e+18 ms, a float too large for float64 to hold to 0.0009765625 ms"),
         ([1e308], 1, "is 1e+308 ms, a float too large for float64"),
-        ([5, 2**44], 2, "is 17592186044416 ms, 17592186044411 ms after the first line's: beyond 8796093022208 ms"),
+        (
+            [5, 2**44],
+            2,
+            "is 17592186044416 ms, 17592186044411 ms after the first line's: beyond 8796093022208 ms",
+        ),
     ],
     ids=["float-epoch", "float-huge", "span"],
 )
 def test_timestamps_float64_cannot_space_are_rejected(tmp_path, stamps, line, what):
     path = _write(tmp_path, [_line(timestamp=t) for t in stamps])
-    with pytest.raises(TraceError, match=rf"^{re.escape(str(path))}:{line}: field 'timestamp' {re.escape(what)}"):
+    with pytest.raises(
+        TraceError, match=rf"^{re.escape(str(path))}:{line}: field 'timestamp' {re.escape(what)}"
+    ):
         load_trace(path)

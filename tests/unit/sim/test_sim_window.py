@@ -30,33 +30,67 @@ def test_window_keeps_exactly_the_requests_arriving_in_it(start, duration, scale
     out = traffic_window(spec, start, duration, scale)
     assert [r.req_id for r in out.requests] == list(range(len(want)))
     assert [(r.input_length, r.output_length, r.hash_ids) for r in out.requests] == [
-        (r.input_length, r.output_length, r.hash_ids) for r in want]  # fmt: skip
+        (r.input_length, r.output_length, r.hash_ids) for r in want
+    ]
     for a, b in zip(out.requests, want, strict=True):
         assert a.arrival_ms == pytest.approx((b.arrival_ms - lo) / (scale or 1.0))
-    assert out.window == {"start_s": start, "duration_s": duration, "rate_scale": float(scale or 1.0),
-                          "requests_in_window": len(want)}  # fmt: skip
+    assert out.window == {
+        "start_s": start,
+        "duration_s": duration,
+        "rate_scale": float(scale or 1.0),
+        "requests_in_window": len(want),
+    }
 
 
 def test_window_errors_and_identity():
     spec = build_workload("synthetic", num_requests=10, seed=1)
     assert traffic_window(spec) is spec
-    for args, message in (((-1, None, None), "--start"), ((0, 0, None), "--duration"), ((0, None, 0), "--rate-scale"),
-                          ((0, None, float("inf")), "--rate-scale")):  # fmt: skip
+    for args, message in (
+        ((-1, None, None), "--start"),
+        ((0, 0, None), "--duration"),
+        ((0, None, 0), "--rate-scale"),
+        ((0, None, float("inf")), "--rate-scale"),
+    ):
         with pytest.raises(ConfigError, match=message):
             traffic_window(spec, *args)
 
 
 def test_cli_records_the_window_and_caps_after_it(tmp_path):
     out = tmp_path / "o"
-    assert main(["simulate", "--trace", TRACE, "--start", "600", "--duration", "300", "--rate-scale", "2",
-                 "--max-requests", "40", "--cost-model", "illustrative", "--policy", "rotation", "--no-progress",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "simulate",
+                "--trace",
+                TRACE,
+                "--start",
+                "600",
+                "--duration",
+                "300",
+                "--rate-scale",
+                "2",
+                "--max-requests",
+                "40",
+                "--cost-model",
+                "illustrative",
+                "--policy",
+                "rotation",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     config = json.loads((out / "report.json").read_text())["config"]
     window = config["workload_window"]
     assert (window["start_s"], window["duration_s"], window["rate_scale"]) == (600.0, 300.0, 2.0)
     assert window["requests_in_window"] > 40 and config["workload_stats"]["num_requests"] == 40
     assert "window 600-900 s, rate x2" in config["workload_description"]
-    assert main(["simulate", "--trace", TRACE, "--start", "1e9", "--no-progress", "--out", str(tmp_path / "x")]) == 2
+    assert (
+        main(["simulate", "--trace", TRACE, "--start", "1e9", "--no-progress", "--out", str(tmp_path / "x")])
+        == 2
+    )
 
 
 def test_the_sweep_workload_takes_the_window(tmp_path):
@@ -64,10 +98,16 @@ def test_the_sweep_workload_takes_the_window(tmp_path):
     from cpkv.sweep.plan import plan_sweep
 
     grid = tmp_path / "g.toml"
-    grid.write_text(f'[workload]\ntrace = "{TRACE}"\nstart = 600\nduration = 60\nrate_scale = 2.0\n\n'
-                    '[grid]\ncp_size = [4, 8]\ncost_model = "illustrative"\npolicy = "rotation"\n')  # fmt: skip
+    grid.write_text(
+        f'[workload]\ntrace = "{TRACE}"\nstart = 600\nduration = 60\nrate_scale = 2.0\n\n'
+        '[grid]\ncp_size = [4, 8]\ncost_model = "illustrative"\npolicy = "rotation"\n'
+    )
     plan = plan_sweep(read_grid(grid))
     (spec,) = plan.workloads.values()
-    assert spec.window == {"start_s": 600.0, "duration_s": 60.0, "rate_scale": 2.0,
-                           "requests_in_window": len(spec.requests)}  # fmt: skip
+    assert spec.window == {
+        "start_s": 600.0,
+        "duration_s": 60.0,
+        "rate_scale": 2.0,
+        "requests_in_window": len(spec.requests),
+    }
     assert max(r.arrival_ms for r in spec.requests) < 30_000  # 60 s of traffic in 30

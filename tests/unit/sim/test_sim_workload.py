@@ -152,7 +152,12 @@ def test_build_workload(tmp_path):
     assert trace.requests == tuple(load_trace(path, max_requests=3))
     assert trace.chunk_pages is None
     assert set(WORKLOAD_NAMES) == {"synthetic", "tiny-chunks", "tiny-chunks-reload", "short-prompts", "trace"}
-    assert (tiny.pool_percent, tiny.host_percent, synthetic.pool_percent, trace.pool_percent) == (125, None, None, None)
+    assert (tiny.pool_percent, tiny.host_percent, synthetic.pool_percent, trace.pool_percent) == (
+        125,
+        None,
+        None,
+        None,
+    )
 
 
 @pytest.mark.parametrize(

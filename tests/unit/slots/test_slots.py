@@ -35,7 +35,9 @@ def test_worked_examples():
 @given(C=st.integers(1, 5), P=st.sampled_from([1, 2, 4, 16]), data=st.data())
 def test_one_page_and_planned_slots_equal_the_oracle(C, P, data):
     B = data.draw(st.integers(1, 6), label="B")
-    L0 = np.array(data.draw(st.lists(st.integers(0, 5 * P), min_size=B, max_size=B), label="L0"), dtype=np.int64)
+    L0 = np.array(
+        data.draw(st.lists(st.integers(0, 5 * P), min_size=B, max_size=B), label="L0"), dtype=np.int64
+    )
     # At most one new page: E <= the room left in the last prefix page plus one page.
     E = np.array([data.draw(st.integers(0, (-int(x) % P) + P), label="E") for x in L0], dtype=np.int64)
     # A last_loc consistent with each prefix, on a distinct page id (C * 100 + i: far from the new pages).
@@ -44,8 +46,17 @@ def test_one_page_and_planned_slots_equal_the_oracle(C, P, data):
     assert m.max() <= 1
     new_rows = np.flatnonzero(m)
     new_pages = np.array(data.draw(st.permutations(range(1, 1 + new_rows.shape[0]))), dtype=np.int64)
-    want = [s for i in range(B) for s in oracle.out_cache_loc(int(L0[i]), int(E[i]), int(last[i]),
-            [int(new_pages[np.searchsorted(new_rows, i)])] if m[i] else [], P)]  # fmt: skip
+    want = [
+        s
+        for i in range(B)
+        for s in oracle.out_cache_loc(
+            int(L0[i]),
+            int(E[i]),
+            int(last[i]),
+            [int(new_pages[np.searchsorted(new_rows, i)])] if m[i] else [],
+            P,
+        )
+    ]
     got = one_page_slots(L0, E, last + 1, new_rows, new_pages, P)
     assert got.tolist() == want
     heads = np.where((L0 % P != 0) & (E > 0), (last // P) % C, -1)
@@ -56,6 +67,10 @@ def test_one_page_and_planned_slots_equal_the_oracle(C, P, data):
         m1 = -(-(L0 + 1) // P) - -(-L0 // P)
         rows = np.flatnonzero(m1)
         pages = np.arange(1, 1 + rows.shape[0], dtype=np.int64)
-        want1 = [oracle.out_cache_loc(int(L0[i]), 1, int(last[i]), [int(pages[np.searchsorted(rows, i)])]
-                                      if m1[i] else [], P)[0] for i in range(B)]  # fmt: skip
+        want1 = [
+            oracle.out_cache_loc(
+                int(L0[i]), 1, int(last[i]), [int(pages[np.searchsorted(rows, i)])] if m1[i] else [], P
+            )[0]
+            for i in range(B)
+        ]
         assert one_page_slots(L0, None, last + 1, rows, pages, np.array(P)).tolist() == want1

@@ -66,9 +66,14 @@ def _sweep(grid: Path, out: Path, *extra: str) -> int:
 # ------------------------------------------------------------------------------------------------ grid
 @pytest.mark.parametrize(
     ("key", "used", "other"),
-    [("pages_per_lane", "16384", "1"), ("chunk_size", "8192", "1"), ("host_pages_per_lane", "0", "1"),
-     ("kv_storage", '"owner-lane"', '"interleaved"'), ("gpu", '"h200_sxm"', '"b200_sxm"')],
-)  # fmt: skip
+    [
+        ("pages_per_lane", "16384", "1"),
+        ("chunk_size", "8192", "1"),
+        ("host_pages_per_lane", "0", "1"),
+        ("kv_storage", '"owner-lane"', '"interleaved"'),
+        ("gpu", '"h200_sxm"', '"b200_sxm"'),
+    ],
+)
 def test_an_exclude_key_the_grid_does_not_name_compares_the_value_the_replay_uses(tmp_path, key, used, other):
     COST.require()
     text = f"""[workload]
@@ -117,15 +122,19 @@ pages_per_lane = PAGES
 
 
 def test_the_grid_size_is_checked_before_anything_is_built(tmp_path, capsys):
-    lists = "\n".join(f"{k} = [{', '.join(str(v) for v in range(1, n + 1))}]"
-                      for k, n in (("page_size", 1000), ("pages_per_lane", 1000), ("seed", 730)))  # fmt: skip
-    grid = _grid(tmp_path, f"[workload]\nworkload = \"synthetic\"\n\n[grid]\n{lists}\npolicy = \"balanced\"\n")
+    lists = "\n".join(
+        f"{k} = [{', '.join(str(v) for v in range(1, n + 1))}]"
+        for k, n in (("page_size", 1000), ("pages_per_lane", 1000), ("seed", 730))
+    )
+    grid = _grid(tmp_path, f'[workload]\nworkload = "synthetic"\n\n[grid]\n{lists}\npolicy = "balanced"\n')
     out = tmp_path / "out"
     t0 = time.monotonic()
     assert _sweep(grid, out) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"cpkv: error: {grid}: the grid has 730,000,000 points (1,000 page_size x 1,000 pages_per_lane x "
-                   "730 seed x 1 policy), above the limit of 100,000: narrow it, or raise the limit with --max-points"]
+    assert err == [
+        f"cpkv: error: {grid}: the grid has 730,000,000 points (1,000 page_size x 1,000 pages_per_lane x "
+        "730 seed x 1 policy), above the limit of 100,000: narrow it, or raise the limit with --max-points"
+    ]
     assert time.monotonic() - t0 < 20 and not out.exists()
     six = _grid(tmp_path, SMALL.replace("cp_size = 2", "cp_size = [2, 4]"), "six.toml")  # x 3 policies
     assert _sweep(six, out, "--max-points", "5") == 2
@@ -138,21 +147,28 @@ def test_more_groups_than_requests_is_one_line_before_any_replay(tmp_path, capsy
     t0 = time.monotonic()
     assert _sweep(grid, tmp_path / "out") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"cpkv: error: {grid}: groups = 10,000,000 splits a workload of 10 requests: 9,999,990 groups "
-                   "would get none; at most one group per request"]
+    assert err == [
+        f"cpkv: error: {grid}: groups = 10,000,000 splits a workload of 10 requests: 9,999,990 groups "
+        "would get none; at most one group per request"
+    ]
     assert time.monotonic() - t0 < 30
 
 
 # ----------------------------------------------------------------------------------- stored, designs
 def test_non_owner_designs_are_one_row_of_the_designs_table(tmp_path, capsys):
-    grid = _grid(tmp_path, SMALL + 'kv_storage = ["owner-lane", "replicated"]\npolicy = ["rotation", "balanced"]\n')
+    grid = _grid(
+        tmp_path, SMALL + 'kv_storage = ["owner-lane", "replicated"]\npolicy = ["rotation", "balanced"]\n'
+    )
     out = tmp_path / "out"
     assert _sweep(grid, out, "--workers", "2") == 0
     printed = capsys.readouterr().out
     assert "4 points: 3 replayed, 0 stored earlier, 0 failed" in printed  # replicated: one replay
     summary = _rows(out, "summary.csv")
     assert sorted((r["kv_storage"], r["policy"]) for r in summary) == [
-        ("owner-lane", "balanced"), ("owner-lane", "rotation"), ("replicated", "")]
+        ("owner-lane", "balanced"),
+        ("owner-lane", "rotation"),
+        ("replicated", ""),
+    ]
     table = [t for t in (line.split() for line in printed.splitlines()) if t and t[0] == "replicated"]
     assert len(table) == 1 and table[0][1] == "-", printed  # the console table: kv_storage, policy '-'
 
@@ -165,8 +181,14 @@ def test_stored_points_that_do_not_validate_are_replayed(tmp_path, capsys):
     good = (out / "results.csv").read_text()
     files = sorted((out / "points").glob("*.json"))
     record = json.loads(files[0].read_text())
-    for bad in ({**record, "metrics": "x"}, {**record, "metrics": None}, {**record, "error": "oops"},
-                {**record, "metrics": {"ttft_ms_p99": 1.0}}, {**record, "per_group": 3}, [record]):  # fmt: skip
+    for bad in (
+        {**record, "metrics": "x"},
+        {**record, "metrics": None},
+        {**record, "error": "oops"},
+        {**record, "metrics": {"ttft_ms_p99": 1.0}},
+        {**record, "per_group": 3},
+        [record],
+    ):
         files[0].write_text(json.dumps(bad))
         assert _sweep(grid, out) == 0
         assert "2 points: 1 replayed, 1 stored earlier, 0 failed" in capsys.readouterr().out
@@ -181,14 +203,17 @@ def test_a_ray_address_that_does_not_answer_is_one_line_before_any_file(tmp_path
     t0 = time.monotonic()
     assert _sweep(grid, out, "--executor", "ray", "--ray-address", "127.0.0.1:1") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("cpkv: error: --ray-address 127.0.0.1:1: no Ray head answers at "
-                                               "127.0.0.1:1 within 10 s"), err
+    assert len(err) == 1 and err[0].startswith(
+        "cpkv: error: --ray-address 127.0.0.1:1: no Ray head answers at 127.0.0.1:1 within 10 s"
+    ), err
     assert time.monotonic() - t0 < 30 and not out.exists()
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "no-ray"))  # no cluster of this machine is found there
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert _sweep(grid, out, "--executor", "ray", "--ray-address", "auto") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("cpkv: error: --ray-address auto: no Ray cluster runs on this machine")
+    assert len(err) == 1 and err[0].startswith(
+        "cpkv: error: --ray-address auto: no Ray cluster runs on this machine"
+    )
     assert not out.exists()
 
 
@@ -199,7 +224,11 @@ def _children(pid: int) -> list[int]:
         kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
         return []
-    return [int(k) for k in kids if "multiprocessing" in _cmdline(int(k)) and "resource_tracker" not in _cmdline(int(k))]
+    return [
+        int(k)
+        for k in kids
+        if "multiprocessing" in _cmdline(int(k)) and "resource_tracker" not in _cmdline(int(k))
+    ]
 
 
 def _cmdline(pid: int) -> str:
@@ -217,7 +246,17 @@ def _alive(pid: int) -> bool:
 
 
 def _start(grid: Path, out: Path, workers: int = 2) -> subprocess.Popen:
-    cmd = [sys.executable, *DRIVER, "sweep", str(grid), "--out", str(out), "--no-progress", "--workers", str(workers)]
+    cmd = [
+        sys.executable,
+        *DRIVER,
+        "sweep",
+        str(grid),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--workers",
+        str(workers),
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -241,8 +280,9 @@ def test_a_killed_pool_worker_costs_only_its_own_point(tmp_path):
     rows = _rows(out)
     assert sorted(r["status"] for r in rows).count("ok") == 23, [r["status"] for r in rows]
     (lost,) = [r for r in rows if r["status"] != "ok"]
-    assert lost["status"] == "lost" and lost["error"].startswith("the worker was lost: the process running the point "
-                                                                 "ended (signal 9)")
+    assert lost["status"] == "lost" and lost["error"].startswith(
+        "the worker was lost: the process running the point ended (signal 9)"
+    )
     assert "24 points: 23 replayed, 0 stored earlier, 1 failed" in stdout
     again = subprocess.run(proc.args, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "24 points: 1 replayed, 23 stored earlier, 0 failed" in again.stdout

@@ -47,19 +47,29 @@ def test_every_simulate_option_reaches_the_replay():
     # --kv-storage select replays, consumed by name; --cp-strategy selects replays and its first is the
     # SimConfig's cp_strategy).
     fields = {f.name for f in SimConfig.__dataclass_fields__.values()}
-    consumed = set(REPORT_OPTIONS) | set(WORKLOAD_OPTIONS) | set(COST_OPTIONS) | {POLICY_OPTION, STORAGE_OPTION,
-                                                                                  STRATEGY_OPTION}  # fmt: skip
+    consumed = (
+        set(REPORT_OPTIONS)
+        | set(WORKLOAD_OPTIONS)
+        | set(COST_OPTIONS)
+        | {POLICY_OPTION, STORAGE_OPTION, STRATEGY_OPTION}
+    )
     assert [p.name for p in simulate.params if p.name not in fields | consumed] == []
 
 
 def test_an_option_added_to_simulate_is_a_grid_key(tmp_path, monkeypatch):
     # The one table: a new cpkv simulate option (here a stand-in for --kv-storage) is a grid key, with its
     # choices checked, without any list in the sweep to edit.
-    option = click.Option(["--kv-storage"], type=click.Choice(["owner-lane", "replicated"]), default="owner-lane")
+    option = click.Option(
+        ["--kv-storage"], type=click.Choice(["owner-lane", "replicated"]), default="owner-lane"
+    )
     monkeypatch.setattr(simulate, "params", [*simulate.params, option])
-    grid = read_grid(_grid(tmp_path, '[grid]\nkv_storage = ["owner-lane", "replicated"]\npolicy = "balanced"\n'))
+    grid = read_grid(
+        _grid(tmp_path, '[grid]\nkv_storage = ["owner-lane", "replicated"]\npolicy = "balanced"\n')
+    )
     assert grid.axes["kv_storage"] == ("owner-lane", "replicated")
-    with pytest.raises(GridError, match=r"\[grid\] kv_storage: 'interleaved' is not one of 'owner-lane', 'replicated'"):
+    with pytest.raises(
+        GridError, match=r"\[grid\] kv_storage: 'interleaved' is not one of 'owner-lane', 'replicated'"
+    ):
         read_grid(_grid(tmp_path, '[grid]\nkv_storage = ["interleaved"]\n'))
 
 
@@ -67,7 +77,9 @@ def test_an_option_added_to_simulate_is_a_grid_key(tmp_path, monkeypatch):
 def test_kv_storage_values_are_design_names(tmp_path):
     """The real ``--kv-storage`` is repeatable: a grid value is one design (not a one-name tuple), ``all`` is
     every design, and an unknown name is refused with the choices."""
-    grid = read_grid(_grid(tmp_path, '[grid]\nkv_storage = ["owner-lane", "replicated"]\npolicy = "balanced"\n'))
+    grid = read_grid(
+        _grid(tmp_path, '[grid]\nkv_storage = ["owner-lane", "replicated"]\npolicy = "balanced"\n')
+    )
     assert grid.axes["kv_storage"] == ("owner-lane", "replicated")
     assert {p["kv_storage"][0] for p in grid.points()} == {"owner-lane", "replicated"}
     grid = read_grid(_grid(tmp_path, '[grid]\nkv_storage = "all"\npolicy = "balanced"\n'))
@@ -77,7 +89,10 @@ def test_kv_storage_values_are_design_names(tmp_path):
 
 
 def test_values_convert_as_the_flags_do(tmp_path):
-    grid = read_grid(_grid(tmp_path, """
+    grid = read_grid(
+        _grid(
+            tmp_path,
+            """
 [grid]
 cp_size = [2, 4]
 pages_per_lane = [512, "9,10,10,10"]
@@ -87,7 +102,9 @@ policy = ["all"]
 groups = [1, 3]
 routing = "prefix"
 cost_model = "illustrative"
-"""))  # fmt: skip
+""",
+        )
+    )
     assert grid.axes["pages_per_lane"] == (512, (9, 10, 10, 10))
     assert grid.given["pages_per_lane"] == (512, "9,10,10,10")
     assert grid.axes["logits_budget_mb"] == (1.0,)
@@ -102,7 +119,10 @@ cost_model = "illustrative"
 
 
 def test_exclude_rules_drop_exactly_the_matching_points(tmp_path):
-    grid = read_grid(_grid(tmp_path, """
+    grid = read_grid(
+        _grid(
+            tmp_path,
+            """
 [grid]
 cp_size = [2, 4, 8]
 policy = ["rotation", "balanced"]
@@ -115,12 +135,15 @@ groups = 2
 [[exclude]]
 policy = "rotation"
 cp_size = 8
-"""))  # fmt: skip
+""",
+        )
+    )
     got = {(p["cp_size"][0], p["policy"][0], p["groups"][0]) for p in grid.points()}
     want = {
-        (c, pol, g) for c, pol, g in itertools.product([2, 4, 8], ["rotation", "balanced"], [1, 2])
+        (c, pol, g)
+        for c, pol, g in itertools.product([2, 4, 8], ["rotation", "balanced"], [1, 2])
         if not (c in (2, 4) and g == 2) and not (pol == "rotation" and c == 8)
-    }  # fmt: skip
+    }
     assert got == want and len(got) == 12 - 4 - 2
 
 
@@ -130,7 +153,9 @@ def test_a_grid_without_policy_sweeps_every_policy(tmp_path):
 
 
 def test_target_conditions(tmp_path):
-    grid = read_grid(_grid(tmp_path, "[grid]\ncp_size = 2\n", head='target = ["ttft_ms_p99 <= 2_000", "gpus < 16"]\n'))
+    grid = read_grid(
+        _grid(tmp_path, "[grid]\ncp_size = 2\n", head='target = ["ttft_ms_p99 <= 2_000", "gpus < 16"]\n')
+    )
     assert grid.target.text == "ttft_ms_p99 <= 2000 and gpus < 16"
     assert grid.target.holds({"ttft_ms_p99": 2000.0, "gpus": 8})
     assert not grid.target.holds({"ttft_ms_p99": 2000.5, "gpus": 8})
@@ -149,8 +174,16 @@ BAD = [
     ("[grid]\ncp_size = [2.5]\n", "", "[grid] cp_size: 2.5 is not a valid integer for --cp-size"),
     ("[grid]\ncp_size = [true]\n", "", "[grid] cp_size: True is not a valid integer for --cp-size"),
     ("[grid]\ncp_size = [2, 2]\n", "", "[grid] cp_size lists 2 twice"),
-    ("[grid]\npolicy = ['fastest']\n", "", "[grid] policy: 'fastest' is not one of 'rotation', 'legacy', 'balanced', 'all'"),
-    ("[grid]\npages_per_lane = ['9,x']\n", "", "[grid] pages_per_lane: '9,x' is not an int or a comma-separated list"),
+    (
+        "[grid]\npolicy = ['fastest']\n",
+        "",
+        "[grid] policy: 'fastest' is not one of 'rotation', 'legacy', 'balanced', 'all'",
+    ),
+    (
+        "[grid]\npages_per_lane = ['9,x']\n",
+        "",
+        "[grid] pages_per_lane: '9,x' is not an int or a comma-separated list",
+    ),
     ("[grid]\ngroups = [0]\n", "", "[grid] groups: groups must be an integer >= 1, got 0"),
     ("[grid]\nrouting = 'random'\n", "", "routing must be one of round-robin, prefix, got 'random'"),
     ("[grid]\nmax_requests = [4]\n", "", "unknown setting 'max_requests'; name the workload in [workload]"),
@@ -158,11 +191,18 @@ BAD = [
     ("[grid]\ncp_size = 2\n[[exclude]]\ncp_size = 2\n", "", "the [[exclude]] rules exclude every point"),
     ("[grid]\ncp_size = 2\n[[exclude]]\nnope = 2\n", "", "[[exclude]] #1 nope: unknown setting 'nope'"),
     ("[grid]\ncp_size = 2\n", 'target = "ttft_ms_p99 below 2"\n', "is not 'metric op number'"),
-    ("[grid]\ncp_size = 2\n", 'target = "lane_pages_peak <= 2"\n', "'lane_pages_peak' is not a numeric metric"),
+    (
+        "[grid]\ncp_size = 2\n",
+        'target = "lane_pages_peak <= 2"\n',
+        "'lane_pages_peak' is not a numeric metric",
+    ),
     ("[grid]\ncp_size = 2\n", 'targets = "gpus <= 2"\n', "unknown top-level key 'targets'"),
-    ("[grid]\ncp_size = 2\n", 'target = "slo_attainment >= 0.9"\n',
-     "target 'slo_attainment >= 0.9' needs ttft_slo_ms in [grid] (ms, as --ttft-slo-ms)"),
-]  # fmt: skip
+    (
+        "[grid]\ncp_size = 2\n",
+        'target = "slo_attainment >= 0.9"\n',
+        "target 'slo_attainment >= 0.9' needs ttft_slo_ms in [grid] (ms, as --ttft-slo-ms)",
+    ),
+]
 
 
 @pytest.mark.parametrize(("body", "head", "message"), BAD)
@@ -179,12 +219,15 @@ def test_a_bad_grid_is_one_error_line_exit_2_and_writes_nothing(tmp_path, capsys
     ("workload", "message"),
     [
         ('[workload]\ntrace = "t.jsonl"\nworkload = "synthetic"\n', "give trace or workload, not both"),
-        ('[workload]\nmax_requests = 0\n', "[workload] max_requests: must be an integer >= 1, got 0"),
+        ("[workload]\nmax_requests = 0\n", "[workload] max_requests: must be an integer >= 1, got 0"),
         ('[workload]\nworkload = "huge"\n', "[workload] workload: 'huge' is not one of 'synthetic'"),
-        ('[workload]\nseed = 3\n', "[workload] takes trace, workload, max_requests, start, duration, rate_scale, not 'seed'"),
+        (
+            "[workload]\nseed = 3\n",
+            "[workload] takes trace, workload, max_requests, start, duration, rate_scale, not 'seed'",
+        ),
         ('[workload]\ntrace = "missing.jsonl"\n', "missing.jsonl"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_workload_is_one_error_line(tmp_path, capsys, workload, message):
     path = _grid(tmp_path, "[grid]\ncp_size = 2\ncost_model = 'illustrative'\n", base=workload)
     assert main(["sweep", str(path), "--out", str(tmp_path / "out"), "--no-progress"]) == 2

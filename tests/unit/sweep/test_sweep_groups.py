@@ -32,7 +32,9 @@ def _requests(n: int, seed: int = 0) -> list[Request]:
 def test_split_routes_every_request_once_in_arrival_order(n, groups, seed):
     requests = _requests(n, seed)
     rr = split(requests, groups, "round-robin")
-    assert [[r.req_id for r in g] for g in rr] == [[i for i in range(n) if i % groups == g] for g in range(groups)]
+    assert [[r.req_id for r in g] for g in rr] == [
+        [i for i in range(n) if i % groups == g] for g in range(groups)
+    ]
     by_prefix = split(requests, groups, "prefix")
     assert len(by_prefix) == groups
     assert sorted(r.req_id for g in by_prefix for r in g) == list(range(n))
@@ -105,13 +107,31 @@ def test_an_empty_group_replays_nothing():
 
 def test_one_group_is_cpkv_simulate_exactly(tmp_path):
     # The same code: a one-group point's metrics are cpkv simulate's report for that policy, field for field.
-    argv = ["--workload", "synthetic", "--max-requests", "12", "--cp-size", "4", "--page-size", "16",
-            "--pages-per-lane", "700", "--cost-model", "illustrative", "--seed", "5"]  # fmt: skip
-    assert main(["simulate", *argv, "--policy", "legacy", "--no-progress", "--out", str(tmp_path / "sim")]) == 0
+    argv = [
+        "--workload",
+        "synthetic",
+        "--max-requests",
+        "12",
+        "--cp-size",
+        "4",
+        "--page-size",
+        "16",
+        "--pages-per-lane",
+        "700",
+        "--cost-model",
+        "illustrative",
+        "--seed",
+        "5",
+    ]
+    assert (
+        main(["simulate", *argv, "--policy", "legacy", "--no-progress", "--out", str(tmp_path / "sim")]) == 0
+    )
     report = json.loads((tmp_path / "sim" / "report.json").read_text())["policies"]["legacy"]
     grid = tmp_path / "g.toml"
-    grid.write_text("[workload]\nworkload = 'synthetic'\nmax_requests = 12\n[grid]\ncp_size = 4\npage_size = 16\n"
-                    "pages_per_lane = 700\ncost_model = 'illustrative'\nseed = 5\npolicy = ['legacy', 'balanced']\n")  # fmt: skip
+    grid.write_text(
+        "[workload]\nworkload = 'synthetic'\nmax_requests = 12\n[grid]\ncp_size = 4\npage_size = 16\n"
+        "pages_per_lane = 700\ncost_model = 'illustrative'\nseed = 5\npolicy = ['legacy', 'balanced']\n"
+    )
     assert main(["sweep", str(grid), "--out", str(tmp_path / "sw"), "--no-progress", "--workers", "1"]) == 0
     point = json.loads((tmp_path / "sw" / "results.json").read_text())["points"][0]
     assert point["settings"]["policy"] == "legacy"

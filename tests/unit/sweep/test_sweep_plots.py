@@ -15,20 +15,40 @@ from cpkv.sweep.series_style import MARKERS, legend_handles, series_styles, shad
 pytestmark = pytest.mark.unit
 
 VARIED = ["cp_size", "pages_per_lane", "policy", "kv_storage", "groups"]
-FAMILIES = [("rotation", "owner-lane"), ("legacy", "owner-lane"), ("balanced", "owner-lane"),
-            ("rotation", "replicated")]
+FAMILIES = [
+    ("rotation", "owner-lane"),
+    ("legacy", "owner-lane"),
+    ("balanced", "owner-lane"),
+    ("rotation", "replicated"),
+]
 
 
 def _rows():
     """2 C x 2 pools x 4 designs x 3 group counts: 16 series; every policy has the same figures (they overlap)."""
     rows = []
     for C, Q, (policy, design), g in itertools.product((4, 8), (256, 2048), FAMILIES, (1, 2, 4)):
-        rows.append({"status": "ok", "gpus": C * g, "groups": g, "ttft_ms_p99": 9000.0 / g / (C / 4),
-                     "requests_total": 10, "requests_finished": 10, "livelock_detected": False,
-                     "policy": policy if design == "owner-lane" else None, "cache_hit_rate": Q / 10_000 + g / 100,
-                     "_kv_tokens_per_gpu": Q * 64, "_provenance": None,
-                     "_settings": {"cp_size": C, "pages_per_lane": Q, "policy": policy, "kv_storage": design,
-                                   "groups": g}})  # fmt: skip
+        rows.append(
+            {
+                "status": "ok",
+                "gpus": C * g,
+                "groups": g,
+                "ttft_ms_p99": 9000.0 / g / (C / 4),
+                "requests_total": 10,
+                "requests_finished": 10,
+                "livelock_detected": False,
+                "policy": policy if design == "owner-lane" else None,
+                "cache_hit_rate": Q / 10_000 + g / 100,
+                "_kv_tokens_per_gpu": Q * 64,
+                "_provenance": None,
+                "_settings": {
+                    "cp_size": C,
+                    "pages_per_lane": Q,
+                    "policy": policy,
+                    "kv_storage": design,
+                    "groups": g,
+                },
+            }
+        )
     return rows
 
 
@@ -44,8 +64,15 @@ def figures(monkeypatch):
 
 
 def test_sixteen_designs_are_four_colours_two_shades_two_markers():
-    designs = [(("cp_size", C), ("pages_per_lane", Q), ("policy", p if d == "owner-lane" else None), ("kv_storage", d))
-               for C, Q, (p, d) in itertools.product((4, 8), (256, 2048), FAMILIES)]  # fmt: skip
+    designs = [
+        (
+            ("cp_size", C),
+            ("pages_per_lane", Q),
+            ("policy", p if d == "owner-lane" else None),
+            ("kv_storage", d),
+        )
+        for C, Q, (p, d) in itertools.product((4, 8), (256, 2048), FAMILIES)
+    ]
     styles = series_styles(designs)
     assert len({(s.colour, s.marker) for s in styles.values()}) == 16  # every series its own look
     assert len({s.family_colour for s in styles.values()}) == 4
@@ -57,9 +84,15 @@ def test_sixteen_designs_are_four_colours_two_shades_two_markers():
     assert sizes == [9.0, 7.5, 6.0, 4.5]  # each family a step smaller: equal points show as rings
     handles, title = legend_handles(styles)
     assert [h.get_label() for h in handles] == [
-        "kv_storage=replicated", "policy=balanced kv_storage=owner-lane", "policy=legacy kv_storage=owner-lane",
-        "policy=rotation kv_storage=owner-lane", "pages_per_lane=256", "pages_per_lane=2048", "cp_size=4", "cp_size=8",
-    ]  # fmt: skip
+        "kv_storage=replicated",
+        "policy=balanced kv_storage=owner-lane",
+        "policy=legacy kv_storage=owner-lane",
+        "policy=rotation kv_storage=owner-lane",
+        "pages_per_lane=256",
+        "pages_per_lane=2048",
+        "cp_size=4",
+        "cp_size=8",
+    ]
     assert title == "colour: kv_storage, policy | shade: pages_per_lane | marker: cp_size"
 
 
@@ -79,11 +112,16 @@ def test_pareto_legend_outside_and_a_tick_at_every_gpu_count(figures):
     labels = [t.get_text() for t in legend.get_texts()]
     assert len(labels) == 8 + 2  # colours, shades, markers; unserved and the Pareto front
     assert labels[-1] == "Pareto front (serves every request)"
-    assert legend.get_title().get_text() == "colour: kv_storage, policy | shade: pages_per_lane | marker: cp_size"
+    assert (
+        legend.get_title().get_text()
+        == "colour: kv_storage, policy | shade: pages_per_lane | marker: cp_size"
+    )
     fig.canvas.draw()
     box = legend.get_window_extent().transformed(ax.transAxes.inverted())
     assert box.x0 > 1.0  # outside the axes, to the right
-    series = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-" and not ln.get_label().startswith("Pareto")]
+    series = [
+        ln for ln in ax.get_lines() if ln.get_linestyle() == "-" and not ln.get_label().startswith("Pareto")
+    ]
     assert len(series) == 16  # one line per series
 
 
@@ -97,9 +135,13 @@ def test_hit_rate_draws_replicated_once_with_its_legend_outside(figures):
         assert [t.get_text() for t in ax.get_xticklabels()] == ["16k", "128k"]
     (legend,) = fig.legends
     assert [t.get_text() for t in legend.get_texts()] == [
-        "kv_storage=replicated", "policy=balanced kv_storage=owner-lane", "policy=legacy kv_storage=owner-lane",
-        "policy=rotation kv_storage=owner-lane", "cp_size=4", "cp_size=8",
-    ]  # fmt: skip
+        "kv_storage=replicated",
+        "policy=balanced kv_storage=owner-lane",
+        "policy=legacy kv_storage=owner-lane",
+        "policy=rotation kv_storage=owner-lane",
+        "cp_size=4",
+        "cp_size=8",
+    ]
     fig.canvas.draw()
     right = max(ax.get_window_extent().x1 for ax in panels)
     assert legend.get_window_extent().x0 >= right  # beside the panels, not over one

@@ -67,7 +67,9 @@ def test_not_met_within_the_bounds_is_said(tmp_path, capsys):
     grid = _grid(tmp_path, "groups = {search = [1, 3]}", "tight")
     assert main(["sweep", str(grid), "--out", str(tmp_path / "o"), "--no-progress", "--workers", "1"]) == 0
     out = capsys.readouterr().out
-    assert "search: cp_size=2, page_size=16, pages_per_lane=6000, policy=rotation, kv_storage=owner-lane" in out
+    assert (
+        "search: cp_size=2, page_size=16, pages_per_lane=6000, policy=rotation, kv_storage=owner-lane" in out
+    )
     assert "the target is not met within groups 1..3 (tried [3])" in out
     assert "error band of the times above: illustrative constants: no error band" in out
     record = json.loads((tmp_path / "o" / "results.json").read_text())["search"]
@@ -77,7 +79,10 @@ def test_not_met_within_the_bounds_is_said(tmp_path, capsys):
 def test_search_grid_errors(tmp_path):
     assert read_grid(_grid(tmp_path, 'groups = "search"', "d")).search == SEARCH_BOUNDS
     bad = tmp_path / "bad.toml"
-    for groups, message in (("groups = {search = [3, 1]}", "1 <= lo <= hi"), ("groups = {search = 4}", "1 <= lo")):
+    for groups, message in (
+        ("groups = {search = [3, 1]}", "1 <= lo <= hi"),
+        ("groups = {search = 4}", "1 <= lo"),
+    ):
         bad.write_text(GRID.replace("GROUPS", groups))
         with pytest.raises(GridError, match=message):
             read_grid(bad)
@@ -90,6 +95,8 @@ def test_pages_per_lane_auto_is_the_default(tmp_path):
     from cpkv.sweep.plan import plan_sweep
 
     path = tmp_path / "auto.toml"
-    path.write_text(GRID.replace("GROUPS", "").replace("pages_per_lane = 6000", 'pages_per_lane = ["auto", 500]'))
+    path.write_text(
+        GRID.replace("GROUPS", "").replace("pages_per_lane = 6000", 'pages_per_lane = ["auto", 500]')
+    )
     plan = plan_sweep(read_grid(path))
     assert sorted({r["pages_per_lane"] for r in plan.rows}) == [500, 16384]  # illustrative: the default pool

@@ -44,11 +44,13 @@ def test_length_flatten_and_count_of():
 
 
 @settings(max_examples=200, deadline=None)
-@given(values=st.one_of(
-    st.lists(st.integers(-(2**64), 2**64), max_size=5),
-    st.lists(st.booleans(), max_size=3),
-    st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=3),
-))  # fmt: skip
+@given(
+    values=st.one_of(
+        st.lists(st.integers(-(2**64), 2**64), max_size=5),
+        st.lists(st.booleans(), max_size=3),
+        st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=3),
+    )
+)
 def test_fast_accepts_agree_with_the_full_checks(values):
     try:
         want = as_int_array("x", values)

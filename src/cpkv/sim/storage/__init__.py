@@ -35,5 +35,7 @@ def build_storage(name: str, config: SimConfig, policy: str, cost) -> KVStorage:
     placement); ``cost`` the run's ``StepCost`` (it prices the traffic). ConfigError for an unknown name.
     """
     if name not in _DESIGNS:
-        raise ConfigError(f"kv storage {name!r} is unknown; use one of {', '.join(KV_STORAGE_DESIGNS)} or all")
+        raise ConfigError(
+            f"kv storage {name!r} is unknown; use one of {', '.join(KV_STORAGE_DESIGNS)} or all"
+        )
     return _DESIGNS[name](config, policy, cost)

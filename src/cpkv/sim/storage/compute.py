@@ -74,4 +74,3 @@ def new_units(prefix_lens: np.ndarray, extend_lens: np.ndarray, unit_tokens: int
     ceil(L0 / U)``, int64 ``[B]``. Example U=8, L0 [0, 6, 8], E [5, 4, 0] -> [1, 1, 0]."""
     U = unit_tokens
     return -(-(prefix_lens + extend_lens) // U) - -(-prefix_lens // U)
-

@@ -58,8 +58,10 @@ class InterleavedAllocator(StorageAllocator):
         last = as_int_array("last_locs", last_locs, L0.shape[0])
         C, P = self.config.cp_size, self.config.page_size
         if self.pool.pool.valid_last_locs(L0, last, P) is None:
-            raise AllocatorError(f"last_locs {last.tolist()[:8]} do not fit prefix_lens {L0.tolist()[:8]}: each must "
-                                 "be -1 for a prefix of 0, else on a held page with (last_loc + 1) % P == prefix_len % P")  # fmt: skip
+            raise AllocatorError(
+                f"last_locs {last.tolist()[:8]} do not fit prefix_lens {L0.tolist()[:8]}: each must "
+                "be -1 for a prefix of 0, else on a held page with (last_loc + 1) % P == prefix_len % P"
+            )
         compute = self.compute.plan(L0, E)
         ptr = compute.page_indptr
         m = ptr[1:] - ptr[:-1]
@@ -103,7 +105,9 @@ class InterleavedStorage(KVStorage):
     def __init__(self, config: SimConfig, policy: str, cost) -> None:
         super().__init__(config, cost)
         C, P = config.cp_size, config.page_size
-        self.pool = OwnerLaneAllocator(CPConfig(C, P, ROTATION, config.cp_strategy), list(config.lane_capacities))
+        self.pool = OwnerLaneAllocator(
+            CPConfig(C, P, ROTATION, config.cp_strategy), list(config.lane_capacities)
+        )
         self.alloc = InterleavedAllocator(self.pool, CPCompute(C, P, config.cp_strategy), BALANCED)
         self.cache = PrefixCache(self.pool, host_pages_per_lane=config.host_pages_per_lane)
         self.page_size, self.policy = P, ROTATION

@@ -27,7 +27,10 @@ class OwnerLaneStorage(KVStorage):
 
     def __init__(self, config: SimConfig, policy: str, cost) -> None:
         super().__init__(config, cost)
-        self.alloc = OwnerLaneAllocator(CPConfig(config.cp_size, config.page_size, policy, config.cp_strategy), list(config.lane_capacities))
+        self.alloc = OwnerLaneAllocator(
+            CPConfig(config.cp_size, config.page_size, policy, config.cp_strategy),
+            list(config.lane_capacities),
+        )
         self.cache = PrefixCache(self.alloc, host_pages_per_lane=config.host_pages_per_lane)
         self.page_size, self.policy = config.page_size, policy
 

@@ -33,7 +33,9 @@ class RecomputeCounter:
         self._mult = splitmix64(np.arange(page_size, dtype=_U64)) | _U64(1)  # [P] odd multipliers
         self._salt = np.zeros(0, dtype=_U64)  # [pages] salt of each page index, grown on demand
         self._seen: set[int] = set()
-        self._keys: dict[int, np.ndarray] = {}  # req_id -> keys of its prompt's pages, admission to retirement
+        self._keys: dict[
+            int, np.ndarray
+        ] = {}  # req_id -> keys of its prompt's pages, admission to retirement
         self.tokens = 0
 
     def prefix_keys(self, token_ids: np.ndarray, pages: int) -> np.ndarray:

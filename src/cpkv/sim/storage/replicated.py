@@ -32,7 +32,9 @@ class ReplicatedStorage(KVStorage):
     def __init__(self, config: SimConfig, policy: str, cost) -> None:
         super().__init__(config, cost)
         C, P = config.cp_size, config.page_size
-        self.pool = OwnerLaneAllocator(CPConfig(C, P, BALANCED, config.cp_strategy), min(config.lane_capacities), kind="replicated")
+        self.pool = OwnerLaneAllocator(
+            CPConfig(C, P, BALANCED, config.cp_strategy), min(config.lane_capacities), kind="replicated"
+        )
         self.alloc = OnePoolAllocator(self.pool, CPCompute(C, P, config.cp_strategy), BALANCED)
         self.cache = PrefixCache(self.pool, host_pages_per_lane=config.host_pages_per_lane)
         self.page_size, self.policy = P, BALANCED

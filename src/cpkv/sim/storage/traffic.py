@@ -89,7 +89,9 @@ class KVTraffic:
         self.row_bytes = int(getattr(tables, "kv_row_bytes", LATENT_BYTES + INDEX_KEY_BYTES))
         self.topk = int(getattr(tables, "index_topk", INDEX_TOPK))
         self.latent_bytes = self.row_bytes - INDEX_KEY_BYTES  # 1,152 for DeepSeek-V3.2
-        self.gather_row_bytes = int(getattr(tables, "kv_gather_row_bytes", self.latent_bytes + GATHER_INDEX_KEY_BYTES))
+        self.gather_row_bytes = int(
+            getattr(tables, "kv_gather_row_bytes", self.latent_bytes + GATHER_INDEX_KEY_BYTES)
+        )
         self.cp_size = cp_size
         self.measured = tables is not None
         self.allgather_bytes = 0
@@ -100,7 +102,9 @@ class KVTraffic:
     def allgather_ms(self, rows_per_rank: int) -> float:
         """All layers' all-gathers of ``rows_per_rank`` KV rows per rank (``gather_row_bytes`` each), ms
         (``MeasuredCost.kv_allgather_ms``)."""
-        return self.layers * float(self.comm.allgather_ms(rows_per_rank * self.gather_row_bytes, self.cp_size))
+        return self.layers * float(
+            self.comm.allgather_ms(rows_per_rank * self.gather_row_bytes, self.cp_size)
+        )
 
     def add_allgathers(self, extend_rows: int, prefix_rows: int = 0) -> float:
         """Count one step's all-gathers (``extend_rows`` and ``prefix_rows`` rows per rank); the extend's ms,
@@ -116,7 +120,9 @@ class KVTraffic:
         """Count one step's remote reads: ``layer_bytes`` int64 ``[C]`` bytes each rank reads per layer."""
         self.read_bytes += layer_bytes * self.layers
         if layer_bytes.any():
-            ms = self.layers * np.asarray(self.comm.remote_read_ms(layer_bytes.astype(np.float64), self.cp_size))
+            ms = self.layers * np.asarray(
+                self.comm.remote_read_ms(layer_bytes.astype(np.float64), self.cp_size)
+            )
             self.comm_ms += float(ms.max())
 
     def read_layer_bytes(self, visible: np.ndarray, queries: np.ndarray) -> np.ndarray:
@@ -126,14 +132,23 @@ class KVTraffic:
 
     def provenance(self) -> dict:
         """How the traffic is priced, for the report."""
-        link = ("the measured NCCL tables" if self.measured else
-                f"illustrative link: {ILLUSTRATIVE_LATENCY_MS} ms + bytes at {ILLUSTRATIVE_GB_PER_S} GB/s")  # fmt: skip
-        return {"kv_row_bytes": self.row_bytes, "kv_gather_row_bytes": self.gather_row_bytes, "num_layers": self.layers,
-                "index_topk": self.topk, "comm": link}  # fmt: skip
+        link = (
+            "the measured NCCL tables"
+            if self.measured
+            else f"illustrative link: {ILLUSTRATIVE_LATENCY_MS} ms + bytes at {ILLUSTRATIVE_GB_PER_S} GB/s"
+        )
+        return {
+            "kv_row_bytes": self.row_bytes,
+            "kv_gather_row_bytes": self.gather_row_bytes,
+            "num_layers": self.layers,
+            "index_topk": self.topk,
+            "comm": link,
+        }
 
 
-def position_page_lanes(rows: Sequence[np.ndarray], plan: BatchPlan, out: np.ndarray, page_size: int,
-                        lanes: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def position_page_lanes(
+    rows: Sequence[np.ndarray], plan: BatchPlan, out: np.ndarray, page_size: int, lanes: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Storage lane of every position-page of each request of a step, after its allocation, concatenated in
     request order: ``(lanes, indptr)``, int64 ``[sum k_i]`` and ``[B + 1]``, ``k_i = ceil((L0 + E) / P)``.
 
@@ -151,7 +166,9 @@ def position_page_lanes(rows: Sequence[np.ndarray], plan: BatchPlan, out: np.nda
     return pages // P % lanes, indptr(k)
 
 
-def owner_lane_reads(rows: Sequence[np.ndarray], plan: BatchPlan, out: np.ndarray, traffic: KVTraffic) -> None:
+def owner_lane_reads(
+    rows: Sequence[np.ndarray], plan: BatchPlan, out: np.ndarray, traffic: KVTraffic
+) -> None:
     """Count owner-lane's remote reads of one prefill step (module docstring): for each request and each
     rank that computes some of it, the positions before the end of that rank's last run there whose page
     lives on another lane. ``rows``, ``out``: as ``position_page_lanes``; ``plan``: the step's plan."""
@@ -173,7 +190,9 @@ def owner_lane_reads(rows: Sequence[np.ndarray], plan: BatchPlan, out: np.ndarra
     full, part = ends // P, ends % P  # pages wholly before each end, and the tokens of the next
     base = ptr[req]
     local = (before[rank, base + full] - before[rank, base]) * P
-    tail = np.minimum(base + full, max(lanes.shape[0] - 1, 0))  # the partly covered page (valid where part > 0)
+    tail = np.minimum(
+        base + full, max(lanes.shape[0] - 1, 0)
+    )  # the partly covered page (valid where part > 0)
     local += np.where((part > 0) & (lanes[tail] == rank), part, 0)
     layer = traffic.read_layer_bytes(ends - local, n[pair])
     traffic.add_reads(np.bincount(rank, weights=layer, minlength=C).astype(_I64))

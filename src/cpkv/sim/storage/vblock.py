@@ -32,7 +32,9 @@ class VirtualBlockStorage(KVStorage):
         super().__init__(config, cost)
         C, P = config.cp_size, config.page_size
         self.pages_per_unit = C  # pages of P tokens in one block
-        self.pool = OwnerLaneAllocator(CPConfig(1, P * C, BALANCED, config.cp_strategy), min(config.lane_capacities))
+        self.pool = OwnerLaneAllocator(
+            CPConfig(1, P * C, BALANCED, config.cp_strategy), min(config.lane_capacities)
+        )
         self.alloc = OnePoolAllocator(self.pool, CPCompute(C, P, config.cp_strategy), BALANCED)
         self.cache = PrefixCache(self.pool, host_pages_per_lane=config.host_pages_per_lane)
         self.page_size, self.policy = P * C, BALANCED
