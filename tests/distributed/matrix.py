@@ -149,7 +149,7 @@ def local_cases(C: int) -> list[DistCase]:
 
 
 def shared_cases(C: int) -> list[DistCase]:
-    """The ``kv_access = shared`` cases, prefill only (unchanged by issue 27)."""
+    """The ``kv_access = shared`` cases, prefill only (as before the ``local`` cases came)."""
     cases = []
     for P in PAGE_SIZES:
         for pol in POLICIES:

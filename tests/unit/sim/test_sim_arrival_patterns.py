@@ -35,7 +35,7 @@ def test_a_burst_of_two_page_prompts_no_longer_tiles_lanes_in_pairs():
     used = run.alloc.used_pages_per_lane()
     used[0] += 1  # page 0
     assert used.tolist() == [2] * 8
-    # the last step's imbalance (lane_imbalance_peak is the max over every busy step since issue 35)
+    # the last step's imbalance (lane_imbalance_peak is the max over every busy step)
     assert lane_metrics(run.rec.used()[-1:], 3)["lane_imbalance_peak"] == pytest.approx(16 / 15)
     assert m["lane_imbalance_peak"] >= m["lane_imbalance_mean"]
 

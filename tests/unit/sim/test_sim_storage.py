@@ -1,4 +1,4 @@
-"""KV storage designs side by side (SPEC C-STORAGE, issue 26): each design's capacity, placement and cache unit,
+"""KV storage designs side by side (SPEC C-STORAGE): each design's capacity, placement and cache unit,
 its traffic against a token-by-token oracle, no page leaked under any of them, replicated at C=1 is
 owner-lane at C=1, and ``--kv-storage`` through the CLI."""
 
