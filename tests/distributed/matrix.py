@@ -149,7 +149,7 @@ def local_cases(C: int) -> list[DistCase]:
 
 
 def shared_cases(C: int) -> list[DistCase]:
-    """The ``kv_access = shared`` cases, prefill only (unchanged by issue 27)."""
+    """The ``kv_access = shared`` cases, prefill only (as before the ``local`` cases came)."""
     cases = []
     for P in PAGE_SIZES:
         for pol in POLICIES:
@@ -173,14 +173,14 @@ def shared_cases(C: int) -> list[DistCase]:
                     name=f"nsa-P{P}-{pol}",
                 )
             )
-    # The 576-wide MLA default, MHA on the mirrored (GPU-style) storage, and host-tier load-back.
+    # The 576-wide MLA default, MHA on the mirrored (GPU-style) KV buffer, and host-tier load-back.
     cases.append(DistCase(workload=workload(C, 16), page_size=16, name="mla576"))
     mha = TinyDecoderConfig(kv_mode="mha", num_layers=3, seed=5)
     cases.append(
         DistCase(
             workload=workload(C, 16),
             page_size=16,
-            kv_storage="mirrored",
+            kv_buffer="mirrored",
             audit_writes=True,
             model=mha,
             name="mha-mirrored",

@@ -134,7 +134,7 @@ LOCAL = ["--kv-access", "local", "--decode-steps", "2", "--no-reuse"]
 def check_local_json(out: dict) -> None:
     """A local NSA run with decode: the result, the decoded tokens, the logits counts (local formula: their
     sum over the ranks is C-ESTIMATE's) and some exchange between ranks."""
-    assert out["ok"] is True and out["kv_access"] == "local" and out["kv_storage"] == "local"
+    assert out["ok"] is True and out["kv_access"] == "local" and out["kv_buffer"] == "local"
     assert out["tokens_match"] is True and out["decode_steps"] == 2
     C, P = out["cp_size"], out["page_size"]
     for f in out["forwards"]:
@@ -161,7 +161,7 @@ def test_run_dist_local_decode_json_and_its_text(capsys):
     out = json.loads(res.output)
     check_local_json(out)
     text = DistCommandResult(**{k: v for k, v in out.items() if k not in ("ok", "tolerance")}).summary()
-    assert "kv_access=local decode_steps=2" in text and "storage=local" in text
+    assert "kv_access=local decode_steps=2" in text and "kv_buffer=local" in text
     assert "(local_logits_elements) for every rank and layer of all 4 forwards and decode steps" in text
     comm = text[text.index("communication, bytes sent per rank") :].splitlines()
     assert [" ".join(line.split()[:2]) for line in comm[1:6]] == [

@@ -132,10 +132,10 @@ def test_reload_from_host_tier_on_owner_lanes(run):
         assert res.max_abs_err <= TOL
 
 
-def test_mha_on_mirrored_storage_and_mla576(run):
+def test_mha_on_mirrored_kv_buffer_and_mla576(run):
     if run[0] not in SHARED_CS:
         pytest.skip("shared-access cases run at C in {1, 2, 4}")
     mha = by_name(run, "mha-mirrored")
-    assert mha.kv_storage == "mirrored" and mha.max_abs_err <= TOL
+    assert mha.kv_buffer == "mirrored" and mha.max_abs_err <= TOL
     mla = by_name(run, "mla576")
-    assert mla.kv_storage == "shm" and mla.max_abs_err <= TOL
+    assert mla.kv_buffer == "shm" and mla.max_abs_err <= TOL

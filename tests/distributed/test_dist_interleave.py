@@ -1,4 +1,4 @@
-"""``cpkv run-dist --cp-strategy interleave`` (SPEC C-INTERLEAVE, issue 36): the arguments of the zigzag
+"""``cpkv run-dist --cp-strategy interleave`` (SPEC C-INTERLEAVE): the arguments of the zigzag
 executor tests (``test_dist_cli.py``), dense and NSA, ``--kv-access shared`` and ``local``, chunked prefill
 and decode, equal the single-process reference within ``TOLERANCE`` and decode the same tokens as under
 zigzag; every forward's per-rank tokens and MQA-logits counts are the oracle's under the strategy."""

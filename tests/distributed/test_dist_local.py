@@ -38,7 +38,7 @@ def test_local_matrix_matches_the_reference_in_prefill_and_decode(run):
     assert {f"local-{k}P{P}-{pol}" for k in ("", "nsa-") for P in PAGE_SIZES for pol in POLICIES} <= names
     for res in results:
         case = cases[res.name]
-        assert res.kv_storage == "local" and res.unwritten_rows_intact is True, res.name
+        assert res.kv_buffer == "local" and res.unwritten_rows_intact is True, res.name
         assert res.max_abs_err <= TOL and res.tokens_match is True, (res.name, res.max_abs_err)
         decoded = sorted(rid for d in res.decodes for rid in d.request_ids)
         assert decoded == list(range(len(case.workload.requests))), res.name

@@ -169,7 +169,7 @@ class _Group:
     world_size = 2
 
 
-def test_kv_storage_replicated_was_renamed_mirrored():
+def test_kv_buffer_replicated_was_renamed_mirrored():
     with pytest.raises(ConfigError, match="'replicated' is now 'mirrored'"):
         create_kv_buffer(_Group(), SharedKVLayout(2, 4, 4), 1, 8, kind="replicated", tag="x")  # type: ignore
 

@@ -1,5 +1,5 @@
 """The cross-rank merge (SPEC C-MERGE) in one process: partial softmax and its exact merge, the local and
-global top-k of sharded index keys, the logits count under ``local``, own-lane-only KV storage and the
+global top-k of sharded index keys, the logits count under ``local``, own-lane-only KV buffer and the
 scheduler's decode lifecycle.
 
 The oracles here are written from the SPEC text: a float64 softmax over the union of the shards, and a
@@ -256,8 +256,8 @@ def test_local_logits_elements_formula(C, P, reqs, data):
     )
 
 
-# ------------------------------------------------------------------------------ own-lane-only storage
-def test_local_storage_holds_and_reads_only_the_own_lane():
+# ------------------------------------------------------------------------------- own-lane-only buffer
+def test_local_kv_buffer_holds_and_reads_only_the_own_lane():
     """SPEC example geometry C=4, P=64, Q=8: a local buffer of rank 3 has one lane's rows (Q*P = 512);
     slot 197 (lane 3) writes and reads at row 5; a slot of another lane is refused both ways."""
     layout = SharedKVLayout(4, 64, 8)
@@ -312,19 +312,19 @@ def test_local_kv_buffer_maps_no_file_and_holds_one_lane():
     assert kv.kind == "local" and kv.storage.shape == (2, 8 * 16, 8) and kv.storage.isnan().all()
 
 
-def test_access_and_storage_must_fit():
+def test_access_and_kv_buffer_must_fit():
     wl = make_workload([0], [10])
     cpu = torch.device("cpu")
-    assert DistCase(workload=wl, kv_access="local").resolved_storage(cpu) == "local"
-    assert DistCase(workload=wl).resolved_storage(cpu) == "shm"
-    assert DistCase(workload=wl).resolved_storage(cpu, single_host=False) == "mirrored"
+    assert DistCase(workload=wl, kv_access="local").resolved_kv_buffer(cpu) == "local"
+    assert DistCase(workload=wl).resolved_kv_buffer(cpu) == "shm"
+    assert DistCase(workload=wl).resolved_kv_buffer(cpu, single_host=False) == "mirrored"
     for kw, msg in [
         ({"kv_access": "remote"}, "kv_access='remote' unknown; use one of shared, local"),
-        ({"kv_access": "local", "kv_storage": "shm"}, "kv_storage='shm' is a view of every lane"),
-        ({"kv_storage": "local"}, "kv_storage='local' needs kv_access='local'"),
+        ({"kv_access": "local", "kv_buffer": "shm"}, "kv_buffer='shm' is a view of every lane"),
+        ({"kv_buffer": "local"}, "kv_buffer='local' needs kv_access='local'"),
         ({"decode_steps": -1}, "decode_steps must be >= 0, got -1"),
     ]:
         with pytest.raises(ConfigError, match=msg):
-            DistCase(workload=wl, **kw).resolved_storage(cpu)
+            DistCase(workload=wl, **kw).resolved_kv_buffer(cpu)
     # The default pool holds every request with its decode tokens: ceil((10 + 7) / 4) + 1 pages per lane.
     assert DistCase(workload=wl, page_size=4, decode_steps=7).resolved_pages_per_lane(2) == [6, 6]

@@ -1,4 +1,4 @@
-"""``run_dist`` called from a script without ``if __name__ == "__main__":`` (issue 37, reproduction 7): the
+"""``run_dist`` called from a script without ``if __name__ == "__main__":``: the
 spawned ranks import the script again and die at start; the error says so at once, not "missed the
 deadline" (docs/distributed.md's example, guarded, runs in tests/unit/docs/test_doc_examples.py)."""
 

@@ -1,5 +1,5 @@
 """``torchrun -m cpkv.executor`` misused: each rank says one line and exits 2, torchrun adds its own report;
-a peer that never arrives fails the rendezvous after ``--timeout`` (issue 37, reproduction 4)."""
+a peer that never arrives fails the rendezvous after ``--timeout``."""
 
 import os
 import socket

@@ -1,4 +1,4 @@
-"""Layout translations of CUDA slots never sync the device (SPEC C-LAYOUT; issue 37): under
+"""Layout translations of CUDA slots never sync the device (SPEC C-LAYOUT): under
 ``torch.cuda.set_sync_debug_mode("error")`` every translation runs, and its range check is queued on the
 device, where an out-of-range slot is a device-side assert at the next sync (run in a child process: the
 assert leaves its CUDA context unusable). Skipped without CUDA."""

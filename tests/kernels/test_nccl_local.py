@@ -37,6 +37,6 @@ def test_local_access_prefill_and_decode_on_nccl():
     ]
     run = run_dist(cases, C, backend="nccl", timeout_s=120, deadline_s=280)
     for res in run.results:
-        assert res.kv_storage == "local" and res.pool_rows["latent"] == max(res.pages_per_lane) * 16
+        assert res.kv_buffer == "local" and res.pool_rows["latent"] == max(res.pages_per_lane) * 16
         assert res.max_abs_err <= GPU_TOL, (res.name, res.max_abs_err)
         assert res.tokens_match is True and res.unwritten_rows_intact is True

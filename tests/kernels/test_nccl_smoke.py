@@ -1,4 +1,4 @@
-"""The CP reference forward on NCCL (one GPU per rank, mirrored KV storage). Skipped without 2 GPUs."""
+"""The CP reference forward on NCCL (one GPU per rank, mirrored KV buffer). Skipped without 2 GPUs."""
 
 import pytest
 import torch
@@ -27,7 +27,7 @@ def test_nccl_forward_matches_reference():
     cases.append(DistCase(workload=wl, page_size=16, model=TinyDecoderConfig(kv_mode="mha"), name="mha"))
     run = run_dist(cases, 2, backend="nccl", timeout_s=120, deadline_s=280)
     for res in run.results:
-        assert res.kv_storage == "mirrored"
+        assert res.kv_buffer == "mirrored"
         assert res.max_abs_err <= GPU_TOL, (res.name, res.max_abs_err)
         assert res.unwritten_rows_intact is True
     for outcome in run.outcomes:

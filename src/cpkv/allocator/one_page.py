@@ -11,7 +11,7 @@ off that lane (``LanePool.pick_one_each``) and the slots (``slots.one_page_slots
 the pages once ``out_cache_loc`` exists on its device (C-ATOMIC). The result's ``plan`` is built on first
 access by ``plan_batch`` with the head owners and (under ``balanced``) the phases used, the very call of
 the general path (C-BS1-COMPATIBILITY), so plan fields, ``out_cache_loc``, ``new_pages`` and the pool are
-bit for bit those of the general path (tests/unit/allocator/test_allocator_single_page.py). Any input this
+bit for bit those of the general path (tests/unit/allocator/test_allocator_one_page.py). Any input this
 path does not take, valid or not, gives None and changes nothing: the general path then allocates or
 raises the typed error. Scalars enter numpy as 0-d arrays (``OnePageTables``; benchmarks/README.md).
 """

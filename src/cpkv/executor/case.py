@@ -48,7 +48,7 @@ class DistCase:
             computes each new page; set explicitly (every rank the same), never read from the environment.
         model: ``TinyDecoderConfig`` (default: MLA, 576-wide latent rows, dense attention; ``attention=
             "nsa"`` adds the indexer and its index-K pool).
-        kv_storage: ``"shm"`` / ``"mirrored"`` (``shared`` access) or ``"local"``; None: ``local`` under
+        kv_buffer: ``"shm"`` / ``"mirrored"`` (``shared`` access) or ``"local"``; None: ``local`` under
             ``local`` access, else ``shm`` on CPU ranks of one host, ``mirrored`` on GPU or over several hosts.
         kv_access: ``"shared"`` (default: every rank reads any lane through the rank-major view) or
             ``"local"`` (a rank holds, writes and reads only its own lane; partials merged, SPEC C-MERGE).
@@ -67,7 +67,7 @@ class DistCase:
     policy: str = DEFAULT_OWNER_POLICY
     cp_strategy: str = DEFAULT_CP_STRATEGY
     model: TinyDecoderConfig = field(default_factory=TinyDecoderConfig)
-    kv_storage: str | None = None
+    kv_buffer: str | None = None
     kv_access: str = "shared"
     decode_steps: int = 0
     prefix_cache: bool = True
@@ -92,28 +92,28 @@ class DistCase:
         P = check_int("page_size", self.page_size, 1)
         return [self.workload.total_pages(P, extra_tokens=self.decode_steps) + 1] * cp_size
 
-    def resolved_storage(self, device: torch.device, single_host: bool = True) -> str:
-        """The KV storage kind this case runs on (see ``kv_storage``).
+    def resolved_kv_buffer(self, device: torch.device, single_host: bool = True) -> str:
+        """The KV buffer kind this case runs on (see ``kv_buffer``).
 
         Raises:
-            ConfigError: an unknown ``kv_access``, ``decode_steps`` below 0, or a storage that does not fit
-                the access (``local`` takes ``local`` storage; ``shared`` takes ``shm`` or ``mirrored``).
+            ConfigError: an unknown ``kv_access``, ``decode_steps`` below 0, or a buffer kind that does not
+                fit the access (``local`` takes a ``local`` buffer; ``shared`` takes ``shm`` or ``mirrored``).
         """
         check_int("decode_steps", self.decode_steps, 0)
         if self.kv_access not in KV_ACCESSES:
             raise ConfigError(f"kv_access={self.kv_access!r} unknown; use one of {', '.join(KV_ACCESSES)}")
         if self.kv_access == "local":
-            if self.kv_storage not in (None, "local"):
+            if self.kv_buffer not in (None, "local"):
                 raise ConfigError(
-                    f"kv_access='local' keeps each rank's own lane only; kv_storage={self.kv_storage!r} is a "
-                    f"view of every lane (leave kv_storage unset)"
+                    f"kv_access='local' keeps each rank's own lane only; kv_buffer={self.kv_buffer!r} is a "
+                    f"view of every lane (leave kv_buffer unset)"
                 )
             return "local"
-        if self.kv_storage == "local":
+        if self.kv_buffer == "local":
             raise ConfigError(
-                "kv_storage='local' needs kv_access='local' (a rank then reads only its own lane)"
+                "kv_buffer='local' needs kv_access='local' (a rank then reads only its own lane)"
             )
-        return self.kv_storage or ("shm" if device.type == "cpu" and single_host else "mirrored")
+        return self.kv_buffer or ("shm" if device.type == "cpu" and single_host else "mirrored")
 
 
 def run_cases(group: RankGroup, cases: list[DistCase], tag: str) -> list[CaseResult]:
@@ -133,7 +133,7 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
     caps = group.run("case setup", case.resolved_pages_per_lane, C)
     config = group.run("case setup", CPConfig, C, P, case.policy, case.cp_strategy)
     model = group.run("build model", TinyDecoder, case.model, group.device)
-    kind = group.run("case setup", case.resolved_storage, group.device, group.single_host)
+    kind = group.run("case setup", case.resolved_kv_buffer, group.device, group.single_host)
     local = kind == "local"
     layout = SharedKVLayout(C, P, max(caps))
     L = case.model.num_layers
@@ -225,7 +225,7 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
         page_size=P,
         pages_per_lane=caps,
         policy=config.owner_policy,
-        kv_storage=kind,
+        kv_buffer=kind,
         attention=case.model.attention,
         forwards=records,
         audits=audits,

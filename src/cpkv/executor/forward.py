@@ -141,7 +141,7 @@ class CPExecutor:
 
     Raises:
         ConfigError: an ``nsa`` model without ``index_kv``, a ``kv_access`` other than shared / local, a
-            ``local`` access over pools that are not ``local`` storage (or the reverse), or a bad ``CPKV_KERNELS``.
+            ``local`` access over pools that are not ``local`` buffers (or the reverse), or a bad ``CPKV_KERNELS``.
         KernelVersionError: the group's device needs Triton kernels (CUDA) and the stack is missing or old.
     """
 
@@ -166,7 +166,7 @@ class CPExecutor:
             raise ConfigError(f"kv_access={kv_access!r} unknown; use one of {', '.join(KV_ACCESSES)}")
         if any((pool.kind == "local") != (kv_access == "local") for pool in self.pools.values()):
             raise ConfigError(
-                f"kv_access={kv_access!r} with {kv.kind!r} storage: 'local' access takes 'local' storage "
+                f"kv_access={kv_access!r} with {kv.kind!r} kv_buffer: 'local' access takes a 'local' buffer "
                 f"(each rank's own lane only), and 'shared' access a view of every lane"
             )
         self.local = (

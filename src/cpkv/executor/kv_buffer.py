@@ -1,11 +1,11 @@
-"""Rank-major paged KV storage of the CP group (SPEC C-LAYOUT, section 3).
+"""Rank-major paged KV buffer of the CP group (SPEC C-LAYOUT, section 3).
 
 One buffer of ``C * pages_per_lane * page_size`` rows per layer; lane r is rows ``[r*Q*P, (r+1)*Q*P)``.
 A rank writes only its own lane, at ``layout.write_slots(slots)`` of the lane view, and reads any row of
 the whole view at ``layout.read_slots(slots)``. Writes and reads of a layer are separated by the write
 fence (a collective: ``RankGroup.agree`` then ``publish``).
 
-Three storages:
+Three buffer kinds (``DistCase.kv_buffer``):
 
 - ``shm`` (CPU, default with gloo): one file under ``/dev/shm`` (else the temp dir), created by rank 0 and
   mapped ``MAP_SHARED`` by every rank with ``torch.from_file(..., shared=True)``. A row a rank writes is
@@ -43,7 +43,7 @@ from ..limits import check_bytes
 from .errors import LaneReadError, LaneWriteError
 from .group import RankGroup
 
-KV_STORAGES = ("shm", "mirrored", "local")
+KV_BUFFERS = ("shm", "mirrored", "local")
 FILE_PREFIX = "cpkv-kv-"
 
 
@@ -106,7 +106,7 @@ class KVBuffer:
         """Rows ``[k, W]`` of ``slots [k]`` (any lane) from the rank-major view at ``layout.read_slots``.
 
         Raises:
-            LaneReadError: ``local`` storage and a slot of another lane (or negative).
+            LaneReadError: a ``local`` buffer and a slot of another lane (or negative).
         """
         return self.storage[layer][self.row_index(slots)]
 
@@ -114,7 +114,7 @@ class KVBuffer:
         """Rows of ``storage`` that hold ``slots [k]``: ``read_slots`` (whole view) or ``write_slots`` (local).
 
         Raises:
-            LaneReadError: ``local`` storage and a slot this rank does not own.
+            LaneReadError: a ``local`` buffer and a slot this rank does not own.
         """
         if self.holds_every_lane:
             return self.layout.read_slots(slots)
@@ -169,13 +169,13 @@ def create_kv_buffer(
     """
     check_int("num_layers", num_layers, 1)
     check_int("row_width", row_width, 1)
-    if kind not in KV_STORAGES:
+    if kind not in KV_BUFFERS:
         hint = (
             " ('replicated' is now 'mirrored': each rank mirrors the sharded view)"
             if kind == "replicated"
             else ""
         )
-        raise ConfigError(f"kv storage {kind!r} unknown; use one of {', '.join(KV_STORAGES)}{hint}")
+        raise ConfigError(f"kv buffer {kind!r} unknown; use one of {', '.join(KV_BUFFERS)}{hint}")
     if layout.cp_size != group.world_size:
         raise ConfigError(f"layout cp_size={layout.cp_size} but the group has {group.world_size} ranks")
     rows = layout.lane_slots if kind == "local" else layout.num_slots
@@ -191,7 +191,7 @@ def create_kv_buffer(
         return KVBuffer(layout, group.rank, storage, kind)
     if group.device.type != "cpu":
         raise ConfigError(
-            f"kv storage 'shm' needs CPU tensors, the group computes on {group.device}; use 'mirrored'"
+            f"kv buffer 'shm' needs CPU tensors, the group computes on {group.device}; use 'mirrored'"
         )
     path = shm_dir() / f"{FILE_PREFIX}{tag}.bin"
     numel = num_layers * layout.num_slots * row_width

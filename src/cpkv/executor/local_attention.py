@@ -129,7 +129,7 @@ class LocalAttention:
 
     Args:
         group: the CP group. model: the decoder. latent: this rank's lane of the latent pool (``local``
-            storage). index_k: its lane of the index-K pool (``nsa``). fault: called in each layer's partial
+            buffer). index_k: its lane of the index-K pool (``nsa``). fault: called in each layer's partial
             step (debug fault injection).
     """
 

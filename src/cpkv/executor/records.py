@@ -83,7 +83,7 @@ class CaseResult:
     """A case's result on one rank.
 
     Attributes:
-        name, rank, cp_size, page_size, policy, kv_storage, attention, cp_strategy: what ran.
+        name, rank, cp_size, page_size, policy, kv_buffer, attention, cp_strategy: what ran.
         pages_per_lane: ``[C]`` pages of each lane (Q_r; the shared layout has ``max`` of them).
         forwards: ``ForwardRecord`` per forward.
         audits: ``WriteAudit`` per forward, layer and pool (``audit_writes`` only).
@@ -106,7 +106,7 @@ class CaseResult:
     page_size: int
     pages_per_lane: list[int]
     policy: str
-    kv_storage: str
+    kv_buffer: str
     attention: str
     forwards: list[ForwardRecord]
     audits: list[WriteAudit]

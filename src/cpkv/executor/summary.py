@@ -17,7 +17,7 @@ class DistCommandResult:
     """What ``cpkv run-dist`` reports (plain data; ``to_dict`` is its JSON form).
 
     Attributes:
-        cp_size, page_size, policy, kv_mode, kv_row_width, layers, kv_storage, attention, cp_strategy: the run.
+        cp_size, page_size, policy, kv_mode, kv_row_width, layers, kv_buffer, attention, cp_strategy: the run.
         pages_per_lane: ``[C]`` pages of each lane.
         index_topk, index_heads: ``nsa`` only (None for dense attention).
         max_abs_err: max |CP hidden - reference hidden| over every token of every forward (float32).
@@ -49,7 +49,7 @@ class DistCommandResult:
     kv_mode: str
     kv_row_width: int
     layers: int
-    kv_storage: str
+    kv_buffer: str
     attention: str
     index_topk: int | None
     index_heads: int | None
@@ -125,7 +125,7 @@ class DistCommandResult:
             kv_mode=model.kv_mode,
             kv_row_width=model.kv_row_width,
             layers=model.num_layers,
-            kv_storage=result.kv_storage,
+            kv_buffer=result.kv_buffer,
             attention=model.attention,
             index_topk=model.index_topk if nsa else None,
             index_heads=model.index_heads if nsa else None,
@@ -160,7 +160,7 @@ class DistCommandResult:
         lines = [
             f"cpkv run-dist: cp_size={self.cp_size} page_size={self.page_size} "
             f"pages_per_lane={q[0] if len(set(q)) == 1 else _ints(q)} policy={self.policy} "
-            f"cp_strategy={self.cp_strategy} kv={self.kv_mode} (row {self.kv_row_width} floats) layers={self.layers} storage={self.kv_storage} "
+            f"cp_strategy={self.cp_strategy} kv={self.kv_mode} (row {self.kv_row_width} floats) layers={self.layers} kv_buffer={self.kv_buffer} "
             f"attention={self.attention}"
             + (f" (index_topk={self.index_topk}, index_heads={self.index_heads})" if nsa else "")
             + f" kv_access={self.kv_access}"

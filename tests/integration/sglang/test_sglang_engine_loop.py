@@ -1,4 +1,4 @@
-"""Issue 33 point 6: SGLang 0.5.23's scheduler components over the Mooncake trace at C=4, on CPU.
+"""SGLang 0.5.23's scheduler components over the Mooncake trace at C=4, on CPU.
 
 ``cpkv.integrations.sglang_engine_loop.EngineLoop`` drives ``PrefillAdder`` admission, ``UnifiedRadixCache``
 with HiCache (``io_backend="direct"``) and an L3 ``file`` store, cpkv's allocator from SGLang's platform hook

@@ -60,8 +60,8 @@ def test_spec_example_chunked_prompt_fits():
     assert frees == [[3, 3], [1, 2], [0, 1]]
 
 
-def test_issue_11_fault_2_short_chunks_do_not_livelock():
-    # Issue 11's livelock: C=2, P=1, 5 pages per lane, one 8-token prompt in chunks of 3. The old rule sent
+def test_short_chunks_do_not_livelock():
+    # The first balanced rule's livelock: C=2, P=1, 5 pages per lane, one 8-token prompt in chunks of 3. The old rule sent
     # segment 0 to the emptiest lane, but a 3-page chunk at phase 1 has owners [1, 0, 0]: most of it
     # lands on the other lane, which filled up. The amended rule scores the whole chunk's footprint.
     # Old: chunk 1 phase 1 (free [4, 5] -> lane 1 emptiest) -> owners [1, 0, 0] -> free [2, 4];
@@ -83,7 +83,7 @@ def test_one_page_requests_round_robin_on_fresh_pool():
     assert alloc.free_pages_per_lane().tolist() == [6, 7, 7, 7]
 
 
-def test_issue_11_fault_1_short_prompts_one_batch_at_a_time():
+def test_short_prompts_one_batch_at_a_time():
     # Rotation: every fresh request at batch index 0 has phase 0, so two one-token batches at C=2, P=1,
     # Q=2 need lane 0 twice: the second raises LaneExhausted(lane=0) while lane 1 has 2 free pages.
     rot = OwnerLaneAllocator(CPConfig(2, 1, "rotation"), 2)

@@ -1,4 +1,4 @@
-"""A plan commits at most once, however it was copied (SPEC C-ALLOC, C-ATOMIC; issue 37 reproduction 1).
+"""A plan commits at most once, however it was copied (SPEC C-ALLOC, C-ATOMIC).
 
 ``copy.copy`` and ``dataclasses.replace`` share the plan's stamp, so after the plan or any such copy
 commits the others are refused; a ``deepcopy`` or a pickled plan is never the plan ``plan_extend`` made

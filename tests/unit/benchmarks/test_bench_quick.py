@@ -1,4 +1,4 @@
-"""The benchmark scripts (benchmarks/, issue 7) run with --quick, print their table and write their JSON.
+"""The benchmark scripts (benchmarks/) run with --quick, print their table and write their JSON.
 
 Figures are not checked here: speed is tracked by the full runs in benchmarks/README.md.
 """

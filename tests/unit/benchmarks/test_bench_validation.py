@@ -1,4 +1,4 @@
-"""bench_validation.py (issue 35, point 4) composes the measured CP layer from cpkv's tables: each segment is
+"""bench_validation.py composes the measured CP layer from cpkv's tables: each segment is
 the price its docstring names, and the layer is their serial sum."""
 
 import sys

@@ -1,4 +1,4 @@
-"""`cpkv plan --extend-len N` alone plans a fresh prompt (prefix 0 for every request, issue 38); repeated
+"""`cpkv plan --extend-len N` alone plans a fresh prompt (prefix 0 for every request); repeated
 --prefix-len/--extend-len pairs plan as before, and a count mismatch is still one error line."""
 
 import json

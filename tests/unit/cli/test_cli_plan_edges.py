@@ -1,4 +1,4 @@
-"""`cpkv plan` edges (issue 17): ignored head owner warns, no request, strip documentation, shared defaults."""
+"""`cpkv plan` edges: ignored head owner warns, no request, strip documentation, shared defaults."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""`cpkv plan --cp-strategy` (C-INTERLEAVE): the issue 36 acceptance line, JSON, the environment variable
+"""`cpkv plan --cp-strategy` (C-INTERLEAVE): the strategy's acceptance line, JSON, the environment variable
 and bad values (one error line, exit 2)."""
 
 import json

@@ -1,4 +1,4 @@
-"""`cpkv simulate --page-size 1` says why it is slow (issue 17): one note line on stderr, none at the default."""
+"""`cpkv simulate --page-size 1` says why it is slow: one note line on stderr, none at the default."""
 
 import pytest
 

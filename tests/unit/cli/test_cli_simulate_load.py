@@ -1,5 +1,5 @@
 """`cpkv simulate` prints the offered load against one group's capacity before its replay, and one line per
-replay that livelocked after the table (issue 38: a first screen that teaches)."""
+replay that livelocked after the table (a first screen that teaches)."""
 
 import json
 

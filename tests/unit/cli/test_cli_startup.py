@@ -1,5 +1,5 @@
 """The ``cpkv`` command starts light and aborts cleanly: nothing heavy is imported before a command needs it,
-and a Ctrl-C while a command is still importing torch prints one line and exits 130 (issue 17)."""
+and a Ctrl-C while a command is still importing torch prints one line and exits 130."""
 
 import os
 import signal

@@ -1,5 +1,5 @@
-"""A key written twice in one JSON object of an input is refused, naming file, line and key (C-FAIL-FAST;
-issue 37, reproduction 6): JSON readers keep the last value without a word, so ``"output_length": 1,
+"""A key written twice in one JSON object of an input is refused, naming file, line and key (C-FAIL-FAST):
+JSON readers keep the last value without a word, so ``"output_length": 1,
 "output_length": 9000`` loaded 9000."""
 
 import json

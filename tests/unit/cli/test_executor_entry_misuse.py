@@ -1,5 +1,5 @@
 """``python -m cpkv.executor`` (torchrun's entry) answers misuse as ``cpkv run-dist`` does: one line per
-rank on stderr, exit 2, before any rank joins a world (issue 37, reproduction 4)."""
+rank on stderr, exit 2, before any rank joins a world."""
 
 import subprocess
 import sys

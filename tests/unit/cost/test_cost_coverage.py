@@ -1,4 +1,4 @@
-"""Where the data ends (issue 35, point 2): a GPU / engine / model without installed measurements is one line
+"""Where the data ends: a GPU / engine / model without installed measurements is one line
 naming what exists, exit 2; a run priced past the measured tables warns on one line and records it in the
 report's ``cost_provenance``; the GLM-5 family prices where aiconfigurator has its DSA tables."""
 

@@ -1,4 +1,4 @@
-"""Pools that fit the GPU (issue 35, point 1): under the measured model ``pages_per_lane`` defaults to the KV
+"""Pools that fit the GPU: under the measured model ``pages_per_lane`` defaults to the KV
 pool SGLang would size beside the weights (aiconfigurator's KV-cache estimator); report.json / config.json
 carry the memory of one GPU with sources; a larger explicit pool runs with one warning line."""
 

@@ -1,4 +1,4 @@
-"""What the project writes into the checkout is ignored by git (issue 38: gpu-out/ was not): the default
+"""What the project writes into the checkout is ignored by git (gpu-out/ once was not): the default
 --out of cpkv simulate and cpkv sweep, make demo's outputs, benchmarks/gpu_check.sh's default directory, the
 Makefile's virtual environments (a symlinked .venv too) and pip's build directories. Checked with git's own
 matcher (``git check-ignore --no-index``) against .gitignore, so a pattern that only looks right fails."""

@@ -1,4 +1,4 @@
-"""Every fenced code block of README.md and docs/*.md marked runnable runs, as written (issue 37).
+"""Every fenced code block of README.md and docs/*.md marked runnable runs, as written.
 
 Marker convention: an HTML comment (invisible once rendered) on the last non-blank line before the
 opening fence::

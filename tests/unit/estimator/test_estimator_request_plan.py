@@ -1,4 +1,5 @@
-"""C-ESTIMATE on a RequestPlan (SPEC section 10: "a BatchPlan or a RequestPlan"), issue 17."""
+"""C-ESTIMATE on a RequestPlan (SPEC section 10: "a BatchPlan or a RequestPlan"); mqa_logits_elements once
+took a BatchPlan only."""
 
 import numpy as np
 import pytest

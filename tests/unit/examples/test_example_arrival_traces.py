@@ -1,4 +1,4 @@
-"""``examples/arrival_traces.py`` writes the README's arrival-pattern traces (issue 23), each loadable by
+"""``examples/arrival_traces.py`` writes the README's arrival-pattern traces, each loadable by
 ``cpkv simulate --trace``: the request counts, lengths and arrival times the README states, no shared
 prefix (one hash block per request)."""
 

@@ -1,4 +1,4 @@
-"""``examples/sweep_mooncake.toml`` (issue 28's acceptance grid) is a valid grid of at least 24 points over
+"""``examples/sweep_mooncake.toml`` (the sweep's acceptance grid) is a valid grid of at least 24 points over
 cp_size x pages per lane x policy x storage on the first 2,000 trace requests (48 points; the replicated
 design runs once whatever the policy, so 36 replays)."""
 

@@ -1,4 +1,4 @@
-"""benchmarks/bench_kernels.py without a GPU: says "no CUDA device", writes its JSON, exits 0 (issue 15)."""
+"""benchmarks/bench_kernels.py without a GPU: says "no CUDA device", writes its JSON, exits 0."""
 
 import json
 import subprocess

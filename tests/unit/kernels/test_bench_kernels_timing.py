@@ -1,5 +1,5 @@
 """benchmarks/bench_kernels.py's ``cuda_ms`` reports device time even where a launch takes the host longer
-than the kernel takes the device (issue 15's figures below 16M tokens).
+than the kernel takes the device (below 16M tokens its figures were once the host's launch time).
 
 Seen on an H200 (2026-11-30): fill_out_cache_loc's kernel at 1M tokens timed 35 us with the calls queued
 back to back, 11.6 us with the stream held busy while they were queued; the host's launch took 24 us. With

@@ -1,5 +1,5 @@
 """Layout translations refuse meta tensors with a typed error and check ranges without a device sync
-(SPEC C-LAYOUT; issue 37, reproduction 6). Off the host the range check is queued on the device
+(SPEC C-LAYOUT). Off the host the range check is queued on the device
 (``torch._assert_async``); here the device path runs on CPU tensors (``_on_host`` patched), where that
 assert raises at once, with every host read of a tensor value forbidden."""
 

@@ -1,4 +1,4 @@
-"""Planner input edges (issue 17): bools, float scalars, tensors without data are typed errors naming the input."""
+"""Planner input edges: bools, float scalars, tensors without data are typed errors naming the input."""
 
 import numpy as np
 import pytest

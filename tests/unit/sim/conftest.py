@@ -1,8 +1,12 @@
-"""Shared helpers of the simulator tests: a log of every prefill step a ``PolicyRun`` commits."""
+"""Shared helpers of the simulator tests: a log of every prefill step a ``PolicyRun`` commits, and a builder
+of the KV storage designs."""
 
 from typing import NamedTuple
 
 import pytest
+
+from cpkv.sim.engine import PolicyRun
+from cpkv.sim.storage import build_storage
 
 
 class Step(NamedTuple):
@@ -45,3 +49,14 @@ def step_log():
         return log
 
     return attach
+
+
+@pytest.fixture(scope="session")
+def build_design():
+    """``build_design(name, cfg, policy="balanced")``: the KV storage design ``name`` of ``cfg``, built as
+    ``PolicyRun`` builds it (its cost model included). Session-scoped: a pure function, usable under ``@given``."""
+
+    def build(name, cfg, policy="balanced"):
+        return build_storage(name, cfg, policy, PolicyRun(cfg, policy, []).cost)
+
+    return build

@@ -1,4 +1,4 @@
-"""Admission and chunk sizing on the real per-lane footprint (issue 11, faults 1-3): hand-worked cases.
+"""Admission and chunk sizing on the real per-lane footprint: hand-worked cases.
 
 C-ZIGZAG reminders used below: a chunk of m < 2C new pages puts one page on each of segments 0..m-1;
 segment s goes to lane ``(z(s) + phase) % C`` with ``z(s) = s`` for s < C, else ``2C - 1 - s``.

@@ -35,7 +35,7 @@ def test_a_burst_of_two_page_prompts_no_longer_tiles_lanes_in_pairs():
     used = run.alloc.used_pages_per_lane()
     used[0] += 1  # page 0
     assert used.tolist() == [2] * 8
-    # the last step's imbalance (lane_imbalance_peak is the max over every busy step since issue 35)
+    # the last step's imbalance (lane_imbalance_peak is the max over every busy step)
     assert lane_metrics(run.rec.used()[-1:], 3)["lane_imbalance_peak"] == pytest.approx(16 / 15)
     assert m["lane_imbalance_peak"] >= m["lane_imbalance_mean"]
 
@@ -78,7 +78,7 @@ def test_rotation_admits_the_batch_it_can_place_in_a_small_pool():
 
 @pytest.mark.clause("C-DRAFT")
 def test_mtp_decode_blocked_by_each_other_retracts_the_youngest():
-    """Issue 23 fault 2b (balanced, P=1, K=4 draft slots need 4 consecutive lanes; lanes 0 and 3 full of
+    """Decodes that block each other (balanced, P=1, K=4 draft slots need 4 consecutive lanes; lanes 0 and 3 full of
     decoding requests' pages): the youngest decoding request is retracted (its prefix stays cached, the rest
     is freed, it waits and comes back), and every request finishes."""
     rows = [(0.0, 6, 1, (0,)), (0.0, 1, 0, (0,)), (0.0, 1, 0, (1,)), (0.0, 8, 2, (160,)), (3.0, 5, 1, (0,))]

@@ -1,4 +1,4 @@
-"""The simulator under each CP strategy (SPEC C-INTERLEAVE, issue 36): ``SimConfig.cp_strategy`` and
+"""The simulator under each CP strategy (SPEC C-INTERLEAVE): ``SimConfig.cp_strategy`` and
 ``--cp-strategy`` as a replay selector like ``--policy`` (repeatable, ``all``), keyed in the report; every KV
 storage design computes with the group's strategy (owner-lane: owner == compute; the others store where
 their own rule says); a sweep point keyed by its strategy."""

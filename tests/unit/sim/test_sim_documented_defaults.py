@@ -1,4 +1,4 @@
-"""One source for every default (issue 17): docs/metrics.md's defaults table, the numbers the docs state and
+"""One source for every default: docs/metrics.md's defaults table, the numbers the docs state and
 the CLI's defaults agree with ``SimConfig`` / ``CostModel``."""
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""Simulator end to end: report fields, conservation, livelock, rejection, outputs (issue 8)."""
+"""Simulator end to end: report fields, conservation, livelock, rejection, outputs."""
 
 import csv
 import json

@@ -1,4 +1,4 @@
-"""Honest metrics (issue 35, point 3): every request is in the TTFT percentiles (an unfinished one makes a
+"""Honest metrics: every request is in the TTFT percentiles (an unfinished one makes a
 percentile that falls on it null), ``requests_unfinished``, ``slo_attainment`` with ``--ttft-slo-ms``, and
 ``lane_imbalance_peak >= lane_imbalance_mean`` over the same steps."""
 
@@ -94,7 +94,7 @@ def test_lane_imbalance_peak_is_at_least_the_mean(case):
 
 
 def test_short_prompts_peak_is_not_below_the_mean():
-    # issue 35: --workload short-prompts read 1.6478 peak against 1.9180 mean
+    # the peak once skipped the first busy steps: short-prompts read a 1.6478 peak, a 1.9180 mean
     spec = build_workload("short-prompts", num_requests=None, seed=0, trace_path=None, page_size=64)
     cfg = SimConfig.for_workload(spec, measured=None)
     m = PolicyRun(cfg, "rotation", spec.requests).run().metrics

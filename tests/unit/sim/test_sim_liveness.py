@@ -128,7 +128,7 @@ FOUND = [
         ),
         [(0.0, 193, 0, (100,))],
     ),
-    # issue 23 fault 2a, rotation, MTP K=4: the draft page's lane is the head page's, whose only usable page
+    # rotation, MTP K=4: the draft page's lane is the head page's, whose only usable page
     # the request holds: rejected (lane), not left waiting
     (
         "rotation",

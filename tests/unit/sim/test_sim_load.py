@@ -1,4 +1,4 @@
-"""The offered prefill load against one group's capacity (``cpkv.sim.load``, issue 38): the prefixes an
+"""The offered prefill load against one group's capacity (``cpkv.sim.load``): the prefixes an
 unbounded cache would hit (against a brute-force oracle), the step packing priced by hand, the three cases
 of the lines, and the burst's prediction against the replay itself."""
 

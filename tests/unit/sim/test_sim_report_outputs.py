@@ -1,4 +1,4 @@
-"""`cpkv simulate` never loses results (issue 17): output directory probed first, every file atomic, a late
+"""`cpkv simulate` never loses results: output directory probed first, every file atomic, a late
 write failure keeps the table and exits 2 naming the path, Ctrl-C keeps the finished policies."""
 
 import csv

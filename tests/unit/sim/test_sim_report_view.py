@@ -1,4 +1,4 @@
-"""The side-by-side table and lanes.png of `cpkv simulate` (issue 17): one precision per metric, full metric
+"""The side-by-side table and lanes.png of `cpkv simulate`: one precision per metric, full metric
 names, readable lane peaks; a titled figure with labelled lines, the legend outside the data, 4 decimals."""
 
 import re

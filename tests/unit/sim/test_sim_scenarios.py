@@ -42,7 +42,7 @@ def test_short_prompts_skew_lane0_under_rotation_and_legacy_balanced_spreads():
     run = PolicyRun(cfg, "balanced", spec.requests)
     m = run.run().metrics
     assert m["requests_finished"] == 64 and m["evicted_pages"] == 0
-    # the lanes end balanced (lane_imbalance_peak counts every busy step since issue 35: the first ones too)
+    # the lanes end balanced (lane_imbalance_peak counts every busy step, the first ones too)
     assert lane_metrics(run.rec.used()[-1:], cfg.pages_per_lane)["lane_imbalance_peak"] <= 1.05
 
 

@@ -1,4 +1,4 @@
-"""Traffic as the planner will see it (issue 35, point 5): ``--start`` / ``--duration`` cut a time window of
+"""Traffic as the planner will see it: ``--start`` / ``--duration`` cut a time window of
 the workload, ``--rate-scale`` compresses its arrivals (the same requests); the report records both, and the
 sweep's ``[workload]`` takes them."""
 

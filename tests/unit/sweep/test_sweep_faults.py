@@ -1,4 +1,4 @@
-"""``cpkv sweep`` under faults and odd grids (issue 37, reproductions 2, 3 and 5): an ``[[exclude]]`` key the
+"""``cpkv sweep`` under faults and odd grids: an ``[[exclude]]`` key the
 grid does not name compares the value the replay uses; a stored point that does not validate is replayed;
 the grid's size is checked before anything is built; the designs table has one row per non-owner design;
 a Ray address that does not answer is one line; a killed pool worker costs its own point only; SIGTERM

@@ -1,4 +1,4 @@
-"""The grid file of ``cpkv sweep`` (issue 28): its keys are ``cpkv simulate``'s settings, taken from the
+"""The grid file of ``cpkv sweep``: its keys are ``cpkv simulate``'s settings, taken from the
 command itself; every value is converted as the flag would be; a bad grid is one ``cpkv: error:`` line
 naming the file and key, exit 2, with nothing written."""
 

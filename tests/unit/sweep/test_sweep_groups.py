@@ -1,4 +1,4 @@
-"""A point of N groups (issue 28): the workload split over the groups, each replayed through ``cpkv
+"""A point of N groups: the workload split over the groups, each replayed through ``cpkv
 simulate``'s replay, the reports combined by one rule per metric; one group is ``cpkv simulate`` exactly."""
 
 import hashlib

@@ -1,4 +1,4 @@
-"""The sweep's figures stay readable with 16 series (issue 38): a colour family per design, a shade per pool,
+"""The sweep's figures stay readable with 16 series: a colour family per design, a shade per pool,
 a marker per cp_size, one legend entry per colour, shade and marker (8, not 16), the legend outside the
 axes, a labelled tick at every GPU count; hit_rate.png draws a KV storage design other than owner-lane once,
 not once per policy."""

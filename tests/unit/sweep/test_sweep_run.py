@@ -1,4 +1,4 @@
-"""Running a sweep (issue 28): results identical whichever executor ran them, a re-run or a run after an
+"""Running a sweep: results identical whichever executor ran them, a re-run or a run after an
 interruption replays only the points not stored, a failing point is recorded with its one-line error and
 does not stop the sweep, keys name the whole config."""
 

@@ -1,4 +1,4 @@
-"""``groups = "search"`` (issue 35, point 5): the fewest groups that meet the target for each combination of
+"""``groups = "search"``: the fewest groups that meet the target for each combination of
 the other keys, by bisection with the neighbours checked, in fewer replays than listing every group count;
 "not met within the bounds" said; and the grid's ``pages_per_lane = "auto"``."""
 

@@ -1,7 +1,7 @@
-"""The single-page path (decode steps, small calls; ``cpkv/allocator/one_page.py``) against the general path.
+"""The one-page path (decode steps, small calls; ``cpkv/allocator/one_page.py``) against the general path.
 
 Differential: the same allocator state and call go through ``alloc_decode`` / ``alloc_extend`` (which take
-the single-page path whenever every request needs at most one new page) and through the general path
+the one-page path whenever every request needs at most one new page) and through the general path
 (``_alloc_planned``, the extend planner) on a deep copy. Everything must be bit for bit the same:
 ``out_cache_loc``, ``new_pages``, every field of the plan, the allocator state afterwards, and for bad
 input the error's type and message with nothing changed. Random cases cover every owner policy, both CP
@@ -144,8 +144,8 @@ def run_both(alloc, L0s, Es, lasts, form, decode):
     return got, want
 
 
-def expect_single_page(L0s, Es, P, decode) -> bool:
-    """Whether the call is one the single-page path takes (given valid input and enough free pages)."""
+def expect_one_page(L0s, Es, P, decode) -> bool:
+    """Whether the call is one the one-page path takes (given valid input and enough free pages)."""
     m = [-(-(L + E) // P) - -(-L // P) for L, E in zip(L0s, Es, strict=True)]
     return max(m) <= 1 and (min(L0s) >= 1 if decode else max(Es) < 2 * P)
 
@@ -157,7 +157,7 @@ def expect_single_page(L0s, Es, P, decode) -> bool:
 @pytest.mark.parametrize("decode", [True, False], ids=["alloc_decode", "alloc_extend"])
 @given(data=st.data())
 @hsettings(max_examples=300, deadline=None)
-def test_single_page_path_equals_general_path(decode, data):
+def test_one_page_path_equals_general_path(decode, data):
     alloc, L0s, Es, lasts, form = data.draw(scenarios(decode))
     note(
         f"C={alloc.config.cp_size} P={alloc.config.page_size} policy={alloc.config.owner_policy} "
@@ -170,9 +170,9 @@ def test_single_page_path_equals_general_path(decode, data):
         assert probe is None  # bad input: the general path raised
         return
     got, want = both
-    if expect_single_page(L0s, Es, alloc.config.page_size, decode):
-        assert probe is not None  # the case really took the single-page path
-        event("single-page path")
+    if expect_one_page(L0s, Es, alloc.config.page_size, decode):
+        assert probe is not None  # the case really took the one-page path
+        event("one-page path")
     assert_same_plan(got.plan, want.plan)
 
 
@@ -196,7 +196,7 @@ def test_decode_steps_over_many_pages_match_general_path(policy):
 
 @pytest.mark.clause("C-ALLOC")
 def test_plan_is_the_one_of_the_call_not_of_later_state_or_inputs():
-    # The single-page plan is built on first access: it must reflect the call's inputs and phases even
+    # The one-page plan is built on first access: it must reflect the call's inputs and phases even
     # when the caller's arrays change and other allocations happen before it is read.
     C, P = 4, 4
     alloc = OwnerLaneAllocator(CPConfig(C, P, "balanced"), 8)
@@ -212,7 +212,7 @@ def test_plan_is_the_one_of_the_call_not_of_later_state_or_inputs():
 
 
 @pytest.mark.clause("C-BALANCED")
-def test_spec_balanced_examples_take_the_single_page_path():
+def test_spec_balanced_examples_take_the_one_page_path():
     # SPEC C-BALANCED: C=2, P=1, Q=2 (lane 0 has one usable page): two separate one-token batches get
     # pages 1 and 2. One-page requests one batch at a time go round robin 1, 2, ..., C-1, 0 (consequence b).
     alloc = OwnerLaneAllocator(CPConfig(2, 1, "balanced"), 2)
@@ -271,7 +271,7 @@ def test_extend_allocation_is_read_only():
 )
 def test_bad_single_request_raises_as_general_path(decode, L0, last, match):
     # C=4, P=4, lanes [8, 7, 8, 8]; page 1 (slots 4..7) is held. Each call is one request of one token
-    # (E=1), so the single-page path would take it were it valid: it must leave it to the general path.
+    # (E=1), so the one-page path would take it were it valid: it must leave it to the general path.
     alloc = OwnerLaneAllocator(CPConfig(4, 4, "balanced"), [8, 7, 8, 8])
     assert alloc.alloc_pages([1]).tolist() == [1]
     before = snapshot(alloc)
