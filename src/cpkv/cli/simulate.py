@@ -41,7 +41,9 @@ def setting_option(setting: Setting):
         else setting.kind
     )
     if setting.kind is bool:
-        return click.option(setting.flag, setting.name, is_flag=True, help=setting.help)
+        return click.option(
+            setting.flag, setting.name, is_flag=True, default=setting.default, help=setting.help
+        )
     return click.option(
         setting.flag,
         setting.name,
