@@ -18,6 +18,7 @@ __all__ = [
     "CP_STRATEGY_ENV",
     "DEFAULT_CP_STRATEGY",
     "DEFAULT_OWNER_POLICY",
+    "DEFAULT_PAGE_SIZE",
     "INT64_MAX",
     "INTERLEAVE",
     "LEGACY",
@@ -53,6 +54,10 @@ page k on lane ``(phase + k) % C``, SGLang's round-robin split)."""
 DEFAULT_CP_STRATEGY = ZIGZAG
 
 CP_STRATEGY_ENV = "CPKV_CP_STRATEGY"
+
+DEFAULT_PAGE_SIZE = 64
+"""Tokens per KV page (P) where none is given: ``cpkv plan``, ``simulate`` and ``run-dist``, ``SimConfig``,
+``DistCase`` and the built-in workloads all default to it."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,11 @@ class CpkvError(Exception):
     """Base class of every error raised by cpkv."""
 
 
+class InputError(CpkvError, ValueError):
+    """Bad command-line or grid input (a file, a flag combination, a setting's value): ``cpkv`` exits 2 with
+    this one-line message (e.g. ``give --trace or --workload, not both (got --workload synthetic)``)."""
+
+
 class PlanError(CpkvError, ValueError):
     """Invalid planner input: a length, size, index or array shape (SPEC C-FAIL-FAST)."""
 

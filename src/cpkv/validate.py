@@ -5,7 +5,8 @@ than one layer uses the check (``error=AllocatorError``, ``PrefixCacheError``, `
 caller never catches one error to raise another. Two families:
 
 - scalars: ``as_int``, ``check_int``, ``check_lane``, ``check_cp_size``, ``per_lane_ints`` (sizes, lanes,
-  capacities) and ``check_scalar`` / ``check_len`` (lengths and batch indices);
+  capacities), ``check_scalar`` / ``check_len`` (lengths and batch indices), ``parse_pages_per_lane`` (the
+  flag's text) and ``check_name`` / ``expand_all`` (names a run selects, ``all`` expanded);
 - JSON input: ``duplicate_key`` (a key written twice in one object, which JSON readers take silently);
 - arrays: ``as_int_array`` (lists, numpy, tensors on any device that hold data), ``lengths`` (a batch's
   ``prefix_lens`` and ``extend_lens``), ``optional_lanes`` (head owners, phases) and the plan-size bound
@@ -24,7 +25,7 @@ import sys
 import numpy as np
 
 from . import limits
-from .errors import ConfigError, CpkvError, PlanError
+from .errors import ConfigError, CpkvError, InputError, PlanError
 
 _I64 = np.int64
 
@@ -136,6 +137,45 @@ def check_len(name: str, value: object) -> int:
     if value > MAX_POSITION:
         raise PlanError(f"{name} must be <= {MAX_POSITION}, got {value}")
     return value
+
+
+def parse_pages_per_lane(text: str | None) -> int | tuple[int, ...] | None:
+    """``--pages-per-lane`` as written (``simulate``, ``run-dist``, a sweep's grid): ``"16384"`` -> 16384 (every
+    lane), ``"9,10,10,10"`` -> (9, 10, 10, 10) (one per lane), None and ``"auto"`` give None (the default:
+    what the GPU holds under the measured model, ``SimConfig.for_workload``); the count and range are the
+    config's to check.
+
+    Raises:
+        InputError: a part that is not an integer (``'x,1' is not an int or a comma-separated list of ints``).
+    """
+    if text is None or text == "auto":
+        return None
+    try:
+        parts = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise InputError(f"{text!r} is not an int or a comma-separated list of ints") from None
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
+def check_name(name: object, allowed: tuple[str, ...], what: str) -> str:
+    """``name`` when it is one of ``allowed``, else ConfigError naming it: ``check_name("ring", CP_STRATEGIES,
+    "cp_strategy")`` -> ``cp_strategy 'ring' is unknown; use one of zigzag, interleave or all``."""
+    if name not in allowed:
+        raise ConfigError(f"{what} {name!r} is unknown; use one of {', '.join(allowed)} or all")
+    return name  # type: ignore[return-value]
+
+
+def expand_all(names: list[str] | tuple[str, ...], allowed: tuple[str, ...], what: str) -> list[str]:
+    """The names a run selects (``--policy``, ``--kv-storage``, ``--cp-strategy``; repeatable): ``all`` expands
+    to every name of ``allowed`` in its order, each name is checked (``check_name``: ConfigError naming an
+    unknown one as ``what``), and kept once, in the order first given. ``expand_all(["interleave", "all"],
+    ("zigzag", "interleave"), "cp_strategy")`` -> ``["interleave", "zigzag"]``."""
+    out: list[str] = []
+    for given in names:
+        for name in allowed if given == "all" else (given,):
+            if check_name(name, allowed, what) not in out:
+                out.append(name)
+    return out
 
 
 # ------------------------------------------------------------------------------------------- arrays

@@ -1,17 +1,17 @@
-"""What the ``cpkv`` commands share: the typed error of bad command-line input and the option types and
-callbacks of ``plan``, ``simulate`` and ``run-dist`` (``executor/cli_entry.py``)."""
+"""What the ``cpkv`` commands share: the option type of a path flag and the click callback of a setting's
+parse (``sim.settings.Setting.parse``). ``InputError``, the typed error of bad command-line input, lives in
+``cpkv.errors`` and is named here too."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
-from ..errors import CpkvError
+from ..errors import InputError
 
-
-class InputError(CpkvError, ValueError):
-    """Bad command-line input (a file, a flag combination); exits 2 with a one-line message."""
+__all__ = ["FilePath", "InputError", "parse_callback"]
 
 
 class FilePath(click.Path):
@@ -28,19 +28,15 @@ class FilePath(click.Path):
         return super().convert(value, param, ctx)
 
 
-def parse_pages_per_lane(ctx, param, value: str | None) -> int | tuple[int, ...] | None:
-    """Click callback of ``--pages-per-lane`` (``simulate`` and ``run-dist``): ``"16384"`` -> 16384 (every
-    lane), ``"9,10,10,10"`` -> (9, 10, 10, 10) (one per lane), None and ``"auto"`` give None (the default:
-    what the GPU holds under the measured model, ``SimConfig.for_workload``); the count and range are the
-    config's to check.
+def parse_callback(parse: Callable[[str | None], object]) -> Callable:
+    """The click callback that runs ``parse`` (e.g. ``validate.parse_pages_per_lane``) on an option's text:
+    ``--pages-per-lane 9,10,10,10`` -> (9, 10, 10, 10); an InputError of ``parse`` is a usage error (exit 2,
+    one line: "Invalid value for '--pages-per-lane': 'x' is not an int or a comma-separated list of ints")."""
 
-    Raises:
-        click.BadParameter: a part that is not an integer (exit 2, one line).
-    """
-    if value is None or value == "auto":
-        return None
-    try:
-        parts = [int(v) for v in value.split(",")]
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an int or a comma-separated list of ints") from None
-    return parts[0] if len(parts) == 1 else tuple(parts)
+    def callback(ctx, param, value):
+        try:
+            return parse(value)
+        except InputError as e:
+            raise click.BadParameter(str(e)) from None
+
+    return callback

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
-from ..config import CP_STRATEGIES, OWNER_POLICIES, CPConfig
+from ..config import CP_STRATEGIES, DEFAULT_PAGE_SIZE, OWNER_POLICIES, CPConfig
+from ..errors import InputError
 from ..sim.config import SimConfig
 from ..validate import duplicate_key, duplicate_key_line
-from .options import FilePath, InputError
+from .options import FilePath
 
 
 @click.command()
@@ -22,7 +23,7 @@ from .options import FilePath, InputError
 )
 @click.option("--extend-len", type=int, multiple=True, help="New tokens; repeat once per request.")
 @click.option(
-    "--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P)."
+    "--page-size", type=int, default=DEFAULT_PAGE_SIZE, show_default=True, help="Tokens per KV page (P)."
 )
 @click.option(
     "--cp-size",

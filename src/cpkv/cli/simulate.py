@@ -1,178 +1,70 @@
 """``cpkv simulate``: replay traffic through one CP prefill group under each owner policy, KV storage design and
-CP strategy (``cpkv.sim``)."""
+CP strategy (``cpkv.sim``). Its options are ``sim.settings.SETTINGS`` (one click option each,
+``setting_option``) and the report's two (``REPORT_OPTIONS``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
 import click
 
-from ..config import CP_STRATEGIES, OWNER_POLICIES, ZIGZAG
-from ..cost.spec import DEFAULT_BACKEND, DEFAULT_GPU, DEFAULT_MODEL, MeasuredSpec
-from ..sim.config import KV_STORAGE_DESIGNS, OWNER_LANE, SimConfig
-from .options import FilePath, InputError, parse_pages_per_lane
+from ..config import CP_STRATEGIES, DEFAULT_PAGE_SIZE, OWNER_POLICIES
+from ..errors import InputError
+from ..sim.config import KV_STORAGE_DESIGNS, SimConfig
+from ..sim.settings import (
+    COST_OPTIONS,
+    SETTINGS,
+    STORAGE_OPTION,
+    STRATEGY_OPTION,
+    Setting,
+    check_workload_options,
+    config_of,
+    measured_spec,
+    workload_of,
+)
+from ..validate import expand_all
+from .options import FilePath, parse_callback
+
+REPORT_OPTIONS = ("out_dir", "no_progress")
+"""``simulate`` options that say where and how to report, not what to simulate (not in ``SETTINGS``)."""
+
+
+def setting_option(setting: Setting):
+    """The click option (a decorator) of one ``sim.settings.Setting``: its flag, type (``choices`` a
+    ``click.Choice``, ``Path`` a ``FilePath``, ``bool`` a flag), default, help and ``parse`` (a callback)."""
+    kind = (
+        click.Choice(setting.choices)
+        if setting.choices is not None
+        else FilePath()
+        if setting.kind is Path
+        else setting.kind
+    )
+    if setting.kind is bool:
+        return click.option(
+            setting.flag, setting.name, is_flag=True, default=setting.default, help=setting.help
+        )
+    return click.option(
+        setting.flag,
+        setting.name,
+        type=kind,
+        default=setting.default,
+        multiple=setting.multiple,
+        help=setting.help,
+        callback=parse_callback(setting.parse) if setting.parse is not None else None,
+        **({"show_default": True} if setting.show_default else {}),
+    )
+
+
+def with_settings(f):
+    """``f`` with every setting's click option, in ``SETTINGS`` order."""
+    for setting in reversed(SETTINGS):
+        f = setting_option(setting)(f)
+    return f
 
 
 @click.command()
-@click.option("--trace", type=FilePath(), default=None, help="Mooncake-format JSONL trace.")
-@click.option(
-    "--workload",
-    type=click.Choice(["synthetic", "tiny-chunks", "tiny-chunks-reload", "short-prompts"]),
-    default=None,
-    help="Built-in workload when no --trace is given (default: synthetic).",
-)
-@click.option(
-    "--cp-size",
-    type=int,
-    default=SimConfig.cp_size,
-    show_default=True,
-    help="Ranks in the CP group (C), at most 4096 (cpkv.limits.MAX_CP_SIZE).",
-)
-@click.option(
-    "--page-size", type=int, default=SimConfig.page_size, show_default=True, help="Tokens per KV page (P)."
-)
-@click.option(
-    "--pages-per-lane",
-    type=str,
-    default=None,
-    callback=parse_pages_per_lane,
-    help=f"Device pages per lane: N, or one per lane as 9,10,10,10 (ranks with unequal free memory), or "
-    f"auto [auto: what one GPU holds under --cost-model measured (aiconfigurator's KV-cache "
-    f"estimator, docs/cost-model.md), {SimConfig.pages_per_lane} under illustrative; the lane-skew "
-    f"workloads size their own pool, docs/metrics.md].",
-)
-@click.option(
-    "--host-pages-per-lane",
-    type=int,
-    default=None,
-    help=f"Host-tier pages per lane [{SimConfig.host_pages_per_lane}; tiny-chunks-reload: enough for every "
-    "prompt page].",
-)
-@click.option(
-    "--chunk-size",
-    type=int,
-    default=None,
-    help=f"Most tokens a request prefills per step [{SimConfig.chunk_size}].",
-)
-@click.option(
-    "--max-batch-tokens",
-    type=int,
-    default=None,
-    help=f"Most prefill tokens per step [max(2 x chunk size, {SimConfig.max_batch_tokens})].",
-)
-@click.option(
-    "--logits-budget-mb",
-    type=float,
-    default=SimConfig.logits_budget_mb,
-    show_default=True,
-    help="MQA-logits buffer budget per rank in MiB (0: off).",
-)
-@click.option("--colocated-decode", is_flag=True, help="Keep pages for output_length decode steps.")
-@click.option(
-    "--spec-draft-tokens",
-    type=int,
-    default=SimConfig.spec_draft_tokens,
-    show_default=True,
-    help="MTP decode: KV slots per request per step (root + K-1 drafts; alloc_draft, release_tail). "
-    "Implies --colocated-decode; 0: plain decode.",
-)
-@click.option(
-    "--spec-accept-rate",
-    type=float,
-    default=SimConfig.spec_accept_rate,
-    show_default=True,
-    help="Per-draft-token acceptance probability of --spec-draft-tokens (seeded, geometric).",
-)
-@click.option(
-    "--policy",
-    "policies",
-    multiple=True,
-    default=["all"],
-    show_default=True,
-    type=click.Choice([*OWNER_POLICIES, "all"]),
-    help="Owner policy; repeatable.",
-)
-@click.option(
-    "--kv-storage",
-    "kv_storage",
-    multiple=True,
-    default=[OWNER_LANE],
-    show_default=True,
-    type=click.Choice([*KV_STORAGE_DESIGNS, "all"]),
-    help="KV storage design (SPEC C-STORAGE, docs/storage-models.md); repeatable. Owner policies place "
-    "owner-lane's pages; the other designs run once each with their own placement.",
-)
-@click.option(
-    "--cp-strategy",
-    "cp_strategies",
-    multiple=True,
-    default=[ZIGZAG],
-    show_default=True,
-    type=click.Choice([*CP_STRATEGIES, "all"]),
-    help="CP strategy (SPEC C-ZIGZAG, C-INTERLEAVE): how a request's new pages go to the ranks that own "
-    "and compute them; repeatable. Every design and policy runs under each.",
-)
-@click.option(
-    "--cost-model",
-    type=click.Choice(["measured", "illustrative"]),
-    default="measured",
-    show_default=True,
-    help="What prices each step: aiconfigurator's measured operator latencies (the `cost` extra) "
-    "or three illustrative constants (not a GPU's).",
-)
-@click.option("--gpu", default=None, help=f"Measured: aiconfigurator system [{DEFAULT_GPU}].")
-@click.option(
-    "--model",
-    default=None,
-    help=f"Measured: DeepSeek sparse-attention model the installed aiconfigurator "
-    f"data holds, e.g. zai-org/GLM-5 [{DEFAULT_MODEL}].",
-)
-@click.option(
-    "--backend",
-    type=click.Choice(["sglang", "vllm", "trtllm"]),
-    default=None,
-    help=f"Measured: engine whose kernels were timed [{DEFAULT_BACKEND}].",
-)
-@click.option(
-    "--ep-size",
-    type=int,
-    default=None,
-    help="Measured: MoE expert-parallel GPUs, a divisor of --cp-size [--cp-size]; attention runs one "
-    "rank per GPU (SGLang CP has no attention TP, so there is no --tp-size).",
-)
-@click.option(
-    "--ttft-slo-ms",
-    type=float,
-    default=None,
-    help="TTFT objective in ms: the report adds slo_attainment, the share of all requests (unfinished "
-    "ones miss it) whose TTFT is at most this [off].",
-)
-@click.option(
-    "--max-requests", type=int, default=None, help="Replay only the first N requests (of the window)."
-)
-@click.option(
-    "--start",
-    type=float,
-    default=None,
-    help="Replay the requests arriving from this many seconds into the workload (shifted to 0) [0].",
-)
-@click.option(
-    "--duration",
-    type=float,
-    default=None,
-    help="Replay the requests arriving within this many seconds of --start [to the end].",
-)
-@click.option(
-    "--rate-scale",
-    type=float,
-    default=None,
-    help="Compress the arrivals by X (2: twice the traffic, the same requests in half the time) [1].",
-)
-@click.option(
-    "--seed", type=int, default=SimConfig.seed, show_default=True, help="Seed of the built-in workloads."
-)
+@with_settings
 @click.option(
     "--out",
     "out_dir",
@@ -194,7 +86,6 @@ def simulate(**options) -> None:
     Times are H200 milliseconds of DeepSeek-V3.2 on SGLang by default (--cost-model measured, the `cost`
     extra: pip install '.[cost]' in a cpkv checkout); docs/cost-model.md says what they hold.
     """
-    from ..sim.config import check_designs, check_policies, check_strategies
     from ..sim.report import prepare_out_dir
     from ..sim.runner import SimulationInterrupted
     from ..sim.runner import simulate as run_simulation
@@ -222,11 +113,9 @@ def simulate(**options) -> None:
     hint = small_page_hint(config.page_size, min(config.lane_capacities))
     if hint:
         click.echo(f"cpkv: note: {hint}", err=True)
-    policies = check_policies(list(options["policies"]))
-    designs, strategies = (
-        check_designs(list(options[STORAGE_OPTION])),
-        check_strategies(list(options[STRATEGY_OPTION])),
-    )
+    policies = expand_all(options["policies"], OWNER_POLICIES, "policy")
+    designs = expand_all(options[STORAGE_OPTION], KV_STORAGE_DESIGNS, "kv storage")
+    strategies = expand_all(options[STRATEGY_OPTION], CP_STRATEGIES, "cp_strategy")
     lines = load_summary(config, spec.requests)
     prepare_out_dir(out_dir)  # as the replay does first: an output that fails prints nothing before its error
     click.echo("\n".join(lines))
@@ -274,114 +163,6 @@ def livelock_line(label: str, finding: dict) -> str:
     return (
         f"{label}: livelock after {finding['stalled_steps']:,} steps without progress: {where}; "
         f"{finding['blocked_count']:,} admitted requests wait (report.json: policies.{label}.livelock)"
-    )
-
-
-# ------------------------------------------------------------ from options to a replay (simulate, sweep)
-REPORT_OPTIONS = ("out_dir", "no_progress")
-"""``simulate`` options that say where and how to report, not what to simulate."""
-WORKLOAD_OPTIONS = ("trace", "workload", "max_requests", "start", "duration", "rate_scale")
-"""``simulate`` options that choose the requests (``workload_of``; ``seed`` and ``page_size`` shape the
-generated ones too)."""
-WINDOW_OPTIONS = ("start", "duration", "rate_scale")
-"""The traffic window (``sim.window.traffic_window``), applied before ``max_requests``."""
-COST_OPTIONS = ("cost_model", "gpu", "model", "backend", "ep_size")
-"""``simulate`` options that make ``SimConfig.measured`` (``measured_spec``)."""
-POLICY_OPTION = "policies"
-"""The ``--policy`` option (repeatable): which replays to run, not part of the ``SimConfig``."""
-STORAGE_OPTION = "kv_storage"
-"""The ``--kv-storage`` option (repeatable): which KV storage designs to replay, not part of the ``SimConfig``."""
-STRATEGY_OPTION = "cp_strategies"
-"""The ``--cp-strategy`` option (repeatable): which CP strategies to replay; ``config_of`` puts the first into
-``SimConfig.cp_strategy`` (a sweep point has one)."""
-
-
-def setting_options() -> dict[str, click.Option]:
-    """The table of ``simulate``'s settings: ``{name: click option}`` for every option but the report's
-    (``REPORT_OPTIONS``), named by the option's long flag (``--cp-size`` -> ``cp_size``, ``--policy`` ->
-    ``policy``). ``cpkv sweep`` takes its grid keys from it, so a setting added here is a grid key."""
-    return {
-        next(o for o in p.opts if o.startswith("--"))[2:].replace("-", "_"): p
-        for p in simulate.params
-        if p.name not in REPORT_OPTIONS
-    }
-
-
-def check_workload_options(options: dict) -> None:
-    """InputError for ``--trace`` with ``--workload``, or a ``--max-requests`` below 1."""
-    from ..validate import check_int
-
-    if options["trace"] is not None and options["workload"] is not None:
-        raise InputError(f"give --trace or --workload, not both (got --workload {options['workload']})")
-    if options["max_requests"] is not None:
-        check_int(
-            "--max-requests", options["max_requests"], 1
-        )  # named as given (the workloads: num_requests)
-
-
-def workload_of(options: dict):
-    """The ``WorkloadSpec`` that ``options`` (``simulate``'s parameters by name) name: the trace, or the
-    built-in workload (default ``synthetic``), cut to the traffic window (``--start``, ``--duration``,
-    ``--rate-scale``; ``sim.window.traffic_window``), its first ``max_requests``.
-
-    Raises: InputError (``check_workload_options``), ConfigError, TraceError (``build_workload``)."""
-    from dataclasses import replace
-
-    from ..sim.window import traffic_window
-    from ..sim.workload import build_workload
-
-    check_workload_options(options)
-    trace = options["trace"]
-    name = "trace" if trace is not None else options["workload"] or "synthetic"
-    window = [options.get(k) for k in WINDOW_OPTIONS]
-    cap = options["max_requests"]
-    spec = build_workload(
-        name,
-        num_requests=None if trace is not None and any(v is not None for v in window) else cap,
-        seed=options["seed"],
-        trace_path=trace,
-        page_size=options["page_size"],
-    )
-    spec = traffic_window(spec, *window)
-    if cap is not None and len(spec.requests) > cap:
-        spec = replace(spec, requests=spec.requests[:cap])
-    return spec
-
-
-def config_of(options: dict, spec) -> SimConfig:
-    """The ``SimConfig`` of ``options`` (``simulate``'s parameters by name) for the workload ``spec``:
-    every option named like a ``SimConfig`` field is passed as given (None: the workload's or the
-    default, ``SimConfig.for_workload``), the cost options make ``measured`` (``measured_spec``), the first
-    ``--cp-strategy`` (``all``: zigzag) makes ``cp_strategy``.
-
-    Raises: InputError (a measured-only flag with the illustrative model), ConfigError, CostModelError.
-    """
-    fields = {f.name for f in dataclasses.fields(SimConfig)}
-    settings = {k: v for k, v in options.items() if k in fields}
-    strategies = options.get(STRATEGY_OPTION) or (ZIGZAG,)
-    settings["cp_strategy"] = CP_STRATEGIES[0] if strategies[0] == "all" else strategies[0]
-    measured = measured_spec(*(options[k] for k in COST_OPTIONS))
-    return SimConfig.for_workload(spec, **settings, measured=measured)
-
-
-def measured_spec(cost_model: str, gpu, model, backend, ep_size):
-    """``simulate``'s ``MeasuredSpec`` (defaults for the names not given), or None for the illustrative
-    model; InputError for a measured-only flag given with ``--cost-model illustrative``."""
-    given = {"--gpu": gpu, "--model": model, "--backend": backend, "--ep-size": ep_size}
-    if cost_model == "illustrative":
-        extra = [flag for flag, v in given.items() if v is not None]
-        if extra:
-            verb, them = ("applies", "it") if len(extra) == 1 else ("apply", "them")
-            raise InputError(
-                f"{', '.join(extra)} {verb} only to --cost-model measured: drop {them} or use "
-                "--cost-model measured"
-            )
-        return None
-    return MeasuredSpec(
-        gpu=gpu or DEFAULT_GPU,
-        model=model or DEFAULT_MODEL,
-        backend=backend or DEFAULT_BACKEND,
-        ep_size=ep_size,
     )
 
 
@@ -433,9 +214,9 @@ def small_page_hint(page_size: int, pages_per_lane: int) -> str | None:
     """
     if page_size >= SLOW_PAGE_SIZE:
         return None
-    factor = SimConfig.page_size // page_size
+    factor = DEFAULT_PAGE_SIZE // page_size
     return (
-        f"--page-size {page_size} gives {factor}x the pages of --page-size {SimConfig.page_size}: the replay runs "
+        f"--page-size {page_size} gives {factor}x the pages of --page-size {DEFAULT_PAGE_SIZE}: the replay runs "
         f"several times slower (10x or more at 1), and {pages_per_lane:,} pages per lane hold only "
         f"{pages_per_lane * page_size:,} tokens"
     )

@@ -58,10 +58,10 @@ def sweep(grid_file, out_dir, executor, workers, ray_address, max_points, retry_
     grid's target, per design), pareto.png and hit_rate.png. Ctrl-C (exit 130) or SIGTERM (exit 143)
     stops the workers, writes the results of the finished points and says so on one line.
     """
+    from ..errors import InputError
     from ..sweep.grid import MAX_POINTS, read_grid
     from ..sweep.run import OUTPUT_FILES, SweepInterrupted, SweepTerminated
     from ..sweep.run import sweep as run_sweep
-    from .options import InputError
     from .simulate import check_out_dir
 
     if ray_address is not None and executor != "ray":

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..config import DEFAULT_CP_STRATEGY, DEFAULT_OWNER_POLICY, CPConfig, check_int, per_lane_ints
+from ..config import (
+    DEFAULT_CP_STRATEGY,
+    DEFAULT_OWNER_POLICY,
+    DEFAULT_PAGE_SIZE,
+    CPConfig,
+    check_int,
+    per_lane_ints,
+)
 from ..errors import ConfigError
 from ..layout import SharedKVLayout
 from .decode import run_decode
@@ -39,7 +46,7 @@ class DistCase:
 
     Attributes:
         workload: requests and forwards (``make_workload``).
-        page_size: P, tokens per page (default 64, as ``cpkv plan`` and ``cpkv simulate``).
+        page_size: P, tokens per page (default ``config.DEFAULT_PAGE_SIZE``, 64, as ``cpkv plan`` and ``cpkv simulate``).
         pages_per_lane: Q, one int for every lane or C ints (ranks with unequal free memory; the shared
             layout then has ``max(Q_r)`` pages per lane and lane r uses its first Q_r); None sizes the
             pool so every request fits on one lane at once (``workload.total_pages(P) + 1``).
@@ -62,7 +69,7 @@ class DistCase:
     """
 
     workload: Workload
-    page_size: int = 64
+    page_size: int = DEFAULT_PAGE_SIZE
     pages_per_lane: int | tuple[int, ...] | None = None
     policy: str = DEFAULT_OWNER_POLICY
     cp_strategy: str = DEFAULT_CP_STRATEGY

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import click
 
-from ..cli.options import parse_pages_per_lane
-from ..config import CP_STRATEGIES, OWNER_POLICIES, CPConfig, check_int, per_lane_ints
-from ..errors import ConfigError, LaneExhausted
+from ..config import CP_STRATEGIES, DEFAULT_PAGE_SIZE, OWNER_POLICIES, CPConfig, check_int, per_lane_ints
+from ..errors import ConfigError, InputError, LaneExhausted
+from ..validate import parse_pages_per_lane
 from .case import DistCase
 from .forward import KV_ACCESSES
 from .model import ATTENTIONS, KV_MODES, TinyDecoderConfig
@@ -31,8 +31,15 @@ __all__ = [
 
 DEFAULT_PREFIX_LENS = (0, 100)
 DEFAULT_EXTEND_LENS = (300, 50)
-DEFAULT_PAGE_SIZE = 64
-"""Tokens per page, as ``cpkv plan`` and ``cpkv simulate`` use."""
+
+
+def _pages_per_lane(ctx, param, value: str | None) -> int | tuple[int, ...] | None:
+    """Click callback of ``--pages-per-lane`` (``validate.parse_pages_per_lane``); a bad part is a usage error
+    (exit 2, "Invalid value for '--pages-per-lane': ...")."""
+    try:
+        return parse_pages_per_lane(value)
+    except InputError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def run_dist_options(f):
@@ -49,7 +56,7 @@ def run_dist_options(f):
             "--pages-per-lane",
             type=str,
             default=None,
-            callback=parse_pages_per_lane,
+            callback=_pages_per_lane,
             help="Pages per lane (Q): one int, or one per lane for ranks with unequal free memory "
             "(e.g. 9,10,10,10). Lane 0 loses page 0 (reserved for padding writes). Default: "
             "enough for every request on one lane.",

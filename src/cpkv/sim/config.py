@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..config import CP_STRATEGIES, INT64_MAX, OWNER_POLICIES, ZIGZAG, check_cp_size, check_int, per_lane_ints
+from ..config import (
+    CP_STRATEGIES,
+    DEFAULT_PAGE_SIZE,
+    INT64_MAX,
+    ZIGZAG,
+    check_cp_size,
+    check_int,
+    per_lane_ints,
+)
 from ..cost.spec import MeasuredSpec
 from ..errors import ConfigError
+from ..validate import check_name
 from .workload import WorkloadSpec
 
 
@@ -71,7 +80,7 @@ class SimConfig:
     """
 
     cp_size: int = 8
-    page_size: int = 64
+    page_size: int = DEFAULT_PAGE_SIZE
     pages_per_lane: int | tuple[int, ...] = 16384
     host_pages_per_lane: int = 0
     chunk_size: int = 8192
@@ -90,7 +99,7 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cp_size", check_cp_size(self.cp_size))
-        check_strategies([self.cp_strategy])
+        check_name(self.cp_strategy, CP_STRATEGIES, "cp_strategy")
         for (
             name,
             minimum,
@@ -210,53 +219,8 @@ def memory_of(
     return memory_plan(measured, cp_size, chunk_size, max_batch_tokens, max_running, page_size)
 
 
-def check_policies(policies: list[str]) -> list[str]:
-    """Validate owner policy names for a run (``all`` expands to every policy); ConfigError otherwise."""
-    out: list[str] = []
-    for p in policies:
-        names = list(OWNER_POLICIES) if p == "all" else [p]
-        for name in names:
-            if name not in OWNER_POLICIES:
-                raise ConfigError(
-                    f"policy {name!r} is unknown; use one of {', '.join(OWNER_POLICIES)} or all"
-                )
-            if name not in out:
-                out.append(name)
-    return out
-
-
-def check_strategies(names: list[str]) -> list[str]:
-    """Validate CP strategy names for a run (``all`` expands to every strategy, ``cpkv.config.CP_STRATEGIES``),
-    in the order given, each once; ConfigError naming an unknown one (C-INTERLEAVE)."""
-    out: list[str] = []
-    for n in names:
-        for name in CP_STRATEGIES if n == "all" else (n,):
-            if not isinstance(name, str) or name not in CP_STRATEGIES:
-                raise ConfigError(
-                    f"cp_strategy {name!r} is unknown; use one of {', '.join(CP_STRATEGIES)} or all"
-                )
-            if name not in out:
-                out.append(name)
-    return out
-
-
 OWNER_LANE = "owner-lane"
 KV_STORAGE_DESIGNS = (OWNER_LANE, "replicated", "interleaved", "interleaved-vblock")
 """KV storage designs of a CP group (SPEC C-STORAGE; ``sim.storage`` builds them): ``owner-lane`` (cpkv, the
 default), ``replicated`` (SGLang in-seq-split CP up to 0.5.9), ``interleaved`` (SGLang 0.5.23 page
 interleave), ``interleaved-vblock`` (vLLM DCP virtual blocks)."""
-
-
-def check_designs(names: list[str]) -> list[str]:
-    """Validate KV storage design names for a run (``all`` expands to every design), in the order given, each
-    once; ConfigError naming an unknown one."""
-    out: list[str] = []
-    for n in names:
-        for name in KV_STORAGE_DESIGNS if n == "all" else (n,):
-            if name not in KV_STORAGE_DESIGNS:
-                raise ConfigError(
-                    f"kv storage {name!r} is unknown; use one of {', '.join(KV_STORAGE_DESIGNS)} or all"
-                )
-            if name not in out:
-                out.append(name)
-    return out

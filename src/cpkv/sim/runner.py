@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..config import ZIGZAG
-from .config import SimConfig, check_strategies
+from ..config import CP_STRATEGIES, ZIGZAG
+from ..validate import expand_all
+from .config import SimConfig
 from .cost import coverage, step_cost
 from .engine import PolicyRun
 from .report import PolicyResult, ReportWriteError, load_plotting, prepare_out_dir, print_table, write_outputs
@@ -87,7 +88,11 @@ def simulate(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    strategies = check_strategies(list(cp_strategies)) if cp_strategies is not None else [config.cp_strategy]
+    strategies = (
+        expand_all(cp_strategies, CP_STRATEGIES, "cp_strategy")
+        if cp_strategies is not None
+        else [config.cp_strategy]
+    )
     plan = replays(policies, kv_storage, strategies)
     labels = [label for label, _, _, _ in plan]
     shown = table or out_dir is not None  # a run for a reader (a sweep's point replays without either)

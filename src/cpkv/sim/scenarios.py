@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import check_int
+from ..config import DEFAULT_PAGE_SIZE, check_int
 from ..errors import ConfigError
 from .trace import TRACE_BLOCK_TOKENS, Request
 
@@ -137,7 +137,7 @@ def short_prompts_workload(
     num_requests: int = 256,
     seed: int = 0,
     *,
-    page_size: int = 64,
+    page_size: int = DEFAULT_PAGE_SIZE,
     gap_ms: float = 25.0,
     max_output_tokens: int = 64,
 ) -> list[Request]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import check_int
+from ..config import DEFAULT_PAGE_SIZE, check_int
 from ..errors import ConfigError
 from ..limits import check_bytes
 from .scenarios import (
@@ -209,7 +209,7 @@ def build_workload(
     num_requests: int | None = None,
     seed: int = 0,
     trace_path: str | os.PathLike[str] | None = None,
-    page_size: int = 64,
+    page_size: int = DEFAULT_PAGE_SIZE,
 ) -> WorkloadSpec:
     """Build the workload ``name`` (one of ``WORKLOAD_NAMES``).
 

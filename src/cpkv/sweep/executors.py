@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
-from ..cli.options import InputError
+from ..errors import InputError
 from .point import PointTask, Shipment, one_line, run_task
 from .pool import lost, run_pool
 

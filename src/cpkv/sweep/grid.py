@@ -1,10 +1,10 @@
 """The grid file of ``cpkv sweep`` (docs/sweep.md): a workload, lists of ``cpkv simulate`` settings,
 ``[[exclude]]`` rules and a ``target``, expanded into points (one simulation each).
 
-The grid's keys are ``cpkv simulate``'s settings, taken from the command itself
-(``cli.simulate.setting_options``: ``--cp-size`` is ``cp_size``, ``--policy`` is ``policy``), plus the two
-the sweep adds (``SWEEP_KEYS``: ``groups``, ``routing``). Each value is converted by the option's own type
-and callback, exactly as the flag would be, so a setting added to ``cpkv simulate`` is a grid key.
+The grid's keys are ``cpkv simulate``'s settings, taken from their table (``sim.settings.SETTINGS``, by
+``Setting.key``: ``--cp-size`` is ``cp_size``, ``--policy`` is ``policy``), plus the two the sweep adds
+(``SWEEP_KEYS``: ``groups``, ``routing``). Each value is converted by the setting's own kind and parse
+(``Setting.convert``), exactly as the flag would be, so a setting added to the table is a grid key.
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import click
-
-from ..cli.options import InputError
-from ..cli.simulate import WORKLOAD_OPTIONS, setting_options, simulate
 from ..config import CP_STRATEGIES, OWNER_POLICIES
+from ..errors import InputError
 from ..sim.config import KV_STORAGE_DESIGNS
+from ..sim.settings import WORKLOAD, WORKLOAD_OPTIONS, Setting, by_key
 from .columns import TARGET_METRICS
 from .groups import ROUTINGS
 
@@ -240,13 +238,14 @@ def _values(key: str, raw: object, where: str) -> tuple[list, list]:
 
 def grid_keys() -> list[str]:
     """Every key ``[grid]`` and ``[[exclude]]`` accept: ``cpkv simulate``'s settings, then ``SWEEP_KEYS``."""
-    return [k for k, o in setting_options().items() if o.name not in WORKLOAD_OPTIONS] + list(SWEEP_KEYS)
+    return [k for k, s in by_key().items() if s.group != WORKLOAD] + list(SWEEP_KEYS)
 
 
 def convert(key: str, value: object, where: str) -> object:
-    """``value`` (from TOML) of grid key ``key`` as ``cpkv simulate`` would take it: the option's type and
-    callback (``--pages-per-lane`` takes ``2048`` or ``"9,10,10,10"``; ``--policy`` one name or ``all``).
-    TOML's own types must match the option's: an integer setting refuses ``2.5`` and ``true``.
+    """``value`` (from TOML) of grid key ``key`` as ``cpkv simulate`` would take it: the setting's kind and
+    parse (``Setting.convert``: ``--pages-per-lane`` takes ``2048`` or ``"9,10,10,10"``; ``--policy`` one
+    name or ``all``). TOML's own types must match the setting's: an integer setting refuses ``2.5`` and
+    ``true``.
 
     Raises:
         GridError: an unknown key, a value of the wrong kind, or one the option refuses (naming ``where``).
@@ -259,29 +258,28 @@ def convert(key: str, value: object, where: str) -> object:
         if value not in ROUTINGS:
             raise GridError(f"{where}: routing must be one of {', '.join(ROUTINGS)}, got {value!r}")
         return value
-    options = setting_options()
-    option = options.get(key)
-    if option is None or option.name in WORKLOAD_OPTIONS:
-        hint = "; name the workload in [workload]" if option is not None else ""
+    setting = by_key().get(key)
+    if setting is None or setting.group == WORKLOAD:
+        hint = "; name the workload in [workload]" if setting is not None else ""
         raise GridError(f"{where}: unknown setting {key!r}{hint}; the grid takes {', '.join(grid_keys())}")
-    kind = option.type
     ok = {
-        click.types.IntParamType: lambda v: isinstance(v, int) and not isinstance(v, bool),
-        click.types.FloatParamType: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        click.types.BoolParamType: lambda v: isinstance(v, bool),
-    }.get(type(kind), lambda v: isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)))
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        bool: lambda v: isinstance(v, bool),
+    }.get(setting.kind if setting.choices is None else None, lambda v: isinstance(v, str) or _is_int(v))
     if not ok(value):
-        raise GridError(f"{where}: {value!r} is not a valid {kind.name} for --{key.replace('_', '-')}")
-    if isinstance(kind, click.types.StringParamType) and not isinstance(value, str):
-        value = str(value)  # --pages-per-lane 2048
-    ctx = click.Context(simulate)
+        raise GridError(
+            f"{where}: {value!r} is not a valid {setting.type_name} for --{key.replace('_', '-')}"
+        )
     try:
-        converted = option.process_value(ctx, (value,) if option.multiple else value)
-    except click.BadParameter as e:
-        raise GridError(f"{where}: {e.message}") from None
-    return (
-        converted[0] if option.multiple else converted
-    )  # --policy, --kv-storage, --cp-strategy: one a point
+        return setting.convert(value)  # --policy, --kv-storage, --cp-strategy: one a point
+    except InputError as e:
+        raise GridError(f"{where}: {e}") from None
+
+
+def _is_int(value: object) -> bool:
+    """Whether ``value`` is an int and not a bool (TOML's integers)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _workload(table: object, base: Path, where: str) -> dict:
@@ -291,7 +289,7 @@ def _workload(table: object, base: Path, where: str) -> dict:
         raise GridError(f"{where} [workload] takes {', '.join(WORKLOAD_OPTIONS)}, not {unknown[0]!r}")
     if "trace" in table and "workload" in table:
         raise GridError(f"{where} [workload] give trace or workload, not both")
-    options = setting_options()
+    settings = by_key()
     out = {}
     for key in WORKLOAD_OPTIONS:
         value = table.get(key)
@@ -304,19 +302,19 @@ def _workload(table: object, base: Path, where: str) -> dict:
                 base / Path(value).expanduser() if not Path(value).expanduser().is_absolute() else Path(value)
             )
         else:
-            out[key] = _workload_value(options[key], value, f"{where} [workload] {key}")
+            out[key] = _workload_value(settings[key], value, f"{where} [workload] {key}")
     return out
 
 
-def _workload_value(option: click.Option, value: object, where: str) -> object:
-    if isinstance(option.type, click.types.IntParamType):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _workload_value(setting: Setting, value: object, where: str) -> object:
+    if setting.kind is int:
+        if not _is_int(value) or value < 1:  # type: ignore[operator]
             raise GridError(f"{where}: must be an integer >= 1, got {value!r}")
         return value
     try:
-        return option.process_value(click.Context(simulate), value)
-    except click.BadParameter as e:
-        raise GridError(f"{where}: {e.message}") from None
+        return setting.convert(value)
+    except InputError as e:
+        raise GridError(f"{where}: {e}") from None
 
 
 def _table(value: object, name: str, where: str) -> dict | None:

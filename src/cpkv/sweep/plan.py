@@ -1,5 +1,5 @@
 """From a grid to the sweep's work, in the driver: each point's ``cpkv simulate`` options, its
-``SimConfig`` (``cli.simulate.config_of``, the function ``cpkv simulate`` calls), the cost model's
+``SimConfig`` (``sim.settings.config_of``, the function ``cpkv simulate`` calls), the cost model's
 provenance and the key, and the workloads (each read or generated once).
 
 A point whose settings do not make a config (a bad combination: per-lane pages for another ``cp_size``,
@@ -13,19 +13,20 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..cli.simulate import (
-    COST_OPTIONS,
-    POLICY_OPTION,
-    STORAGE_OPTION,
-    STRATEGY_OPTION,
-    WORKLOAD_OPTIONS,
-    config_of,
-    setting_options,
-    workload_of,
-)
 from ..cost.spec import CostExtraMissing
 from ..errors import CpkvError
 from ..sim.config import SimConfig
+from ..sim.settings import (
+    COST,
+    POLICY_OPTION,
+    STORAGE_OPTION,
+    STRATEGY_OPTION,
+    WORKLOAD,
+    WORKLOAD_OPTIONS,
+    by_key,
+    config_of,
+    workload_of,
+)
 from ..sim.storage import OWNER_LANE
 from .grid import Grid, GridError
 from .groups import ROUTINGS
@@ -50,9 +51,9 @@ class SweepPlan:
 
 
 def config_columns() -> list[str]:
-    """The config columns of the results: ``cpkv simulate``'s settings (``setting_options``, the workload's
-    left out), then ``groups``, ``routing``, ``gpus``."""
-    return [k for k, o in setting_options().items() if o.name not in WORKLOAD_OPTIONS] + [
+    """The config columns of the results: ``cpkv simulate``'s settings (``sim.settings.SETTINGS`` by grid key,
+    the workload's left out), then ``groups``, ``routing``, ``gpus``."""
+    return [k for k, s in by_key().items() if s.group != WORKLOAD] + [
         "groups",
         "routing",
         "gpus",
@@ -67,9 +68,9 @@ def resolved(options: dict, config: SimConfig | None) -> dict:
     the options as given."""
     fields = {f.name for f in dataclasses.fields(SimConfig)}
     out = {}
-    for key, option in setting_options().items():
-        name = option.name
-        if name in WORKLOAD_OPTIONS:
+    for key, setting in by_key().items():
+        name = setting.name
+        if setting.group == WORKLOAD:
             continue
         value = options[name]
         if name == STRATEGY_OPTION:
@@ -80,7 +81,7 @@ def resolved(options: dict, config: SimConfig | None) -> dict:
                 value = None  # the other designs place pages their own way: one replay whatever the policy
         elif config is not None and name in fields:
             value = getattr(config, name)
-        elif config is not None and name in COST_OPTIONS:
+        elif config is not None and setting.group == COST:
             m = config.measured
             if name == "cost_model":
                 value = "illustrative" if m is None else "measured"

@@ -16,11 +16,10 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 
-import click
 import msgspec
 
-from ..cli.simulate import POLICY_OPTION, STORAGE_OPTION, STRATEGY_OPTION, setting_options, simulate
 from ..sim.config import SimConfig
+from ..sim.settings import SELECTOR, by_key, defaults
 from ..sim.storage import OWNER_LANE
 from .groups import combine, split
 
@@ -66,18 +65,17 @@ class Shipment:
 
 
 def simulate_options(workload: dict, values: dict[str, object]) -> dict:
-    """``cpkv simulate``'s parameters by name for one point: every option's default, the grid's
-    ``workload`` options, then the point's ``values`` (grid key -> converted value; ``policy`` becomes
-    ``policies = (policy,)``, ``kv_storage`` ``(design,)``, ``cp_strategy`` ``cp_strategies = (strategy,)``;
-    the sweep's own keys are left out)."""
-    ctx = click.Context(simulate)
-    options = {p.name: p.get_default(ctx) for p in simulate.params}
+    """``cpkv simulate``'s settings by name for one point: every setting's default (``sim.settings.defaults``),
+    the grid's ``workload`` options, then the point's ``values`` (grid key -> converted value; a selector is
+    one value a point: ``policy`` becomes ``policies = (policy,)``, ``kv_storage`` ``(design,)``,
+    ``cp_strategy`` ``cp_strategies = (strategy,)``; the sweep's own keys are left out)."""
+    options = defaults()
     options.update(workload)
-    table = setting_options()
+    table = by_key()
     for key, value in values.items():
         if key in table:
-            name = table[key].name
-            options[name] = (value,) if name in (POLICY_OPTION, STORAGE_OPTION, STRATEGY_OPTION) else value
+            setting = table[key]
+            options[setting.name] = (value,) if setting.group == SELECTOR else value
     return options
 
 

@@ -9,13 +9,15 @@ import pytest
 
 import oracle
 from cpkv.cli import main
+from cpkv.config import CP_STRATEGIES
 from cpkv.errors import ConfigError
-from cpkv.sim.config import KV_STORAGE_DESIGNS, SimConfig, check_strategies
+from cpkv.sim.config import KV_STORAGE_DESIGNS, SimConfig
 from cpkv.sim.engine import PolicyRun
 from cpkv.sim.runner import replays, simulate
 from cpkv.sim.storage import build_storage
 from cpkv.sim.storage.compute import CPCompute
 from cpkv.sim.workload import build_workload
+from cpkv.validate import expand_all
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-INTERLEAVE")]
 
@@ -31,7 +33,7 @@ def test_compute_plan_of_each_strategy():
 
 
 def test_strategy_names_are_checked():
-    assert check_strategies(["interleave", "all"]) == ["interleave", "zigzag"]
+    assert expand_all(["interleave", "all"], CP_STRATEGIES, "cp_strategy") == ["interleave", "zigzag"]
     assert (
         SimConfig().cp_strategy == "zigzag"
         and SimConfig(cp_strategy="interleave").cp_strategy == "interleave"
@@ -41,7 +43,7 @@ def test_strategy_names_are_checked():
     ):
         SimConfig(cp_strategy="diagonal")
     with pytest.raises(ConfigError, match="'ring' is unknown"):
-        check_strategies(["zigzag", "ring"])
+        expand_all(["zigzag", "ring"], CP_STRATEGIES, "cp_strategy")
 
 
 def test_simulate_ignores_the_environment_variable(monkeypatch):

@@ -1,23 +1,24 @@
 """The grid file of ``cpkv sweep``: its keys are ``cpkv simulate``'s settings, taken from the
-command itself; every value is converted as the flag would be; a bad grid is one ``cpkv: error:`` line
+table the command is built from (``sim.settings.SETTINGS``); every value is converted as the flag would be; a bad grid is one ``cpkv: error:`` line
 naming the file and key, exit 2, with nothing written."""
 
 import itertools
 
-import click
 import pytest
 
 from cpkv.cli import main
-from cpkv.cli.simulate import (
+from cpkv.cli.simulate import REPORT_OPTIONS, simulate
+from cpkv.sim import settings
+from cpkv.sim.config import KV_STORAGE_DESIGNS, SimConfig
+from cpkv.sim.settings import (
     COST_OPTIONS,
     POLICY_OPTION,
-    REPORT_OPTIONS,
+    SELECTOR,
     STORAGE_OPTION,
     STRATEGY_OPTION,
     WORKLOAD_OPTIONS,
-    simulate,
+    Setting,
 )
-from cpkv.sim.config import KV_STORAGE_DESIGNS, SimConfig
 from cpkv.sweep.grid import SWEEP_KEYS, GridError, grid_keys, read_grid
 
 pytestmark = pytest.mark.unit
@@ -57,12 +58,14 @@ def test_every_simulate_option_reaches_the_replay():
 
 
 def test_an_option_added_to_simulate_is_a_grid_key(tmp_path, monkeypatch):
-    # The one table: a new cpkv simulate option (here a stand-in for --kv-storage) is a grid key, with its
+    # The one table: a new cpkv simulate setting (here a stand-in for --kv-storage) is a grid key, with its
     # choices checked, without any list in the sweep to edit.
-    option = click.Option(
-        ["--kv-storage"], type=click.Choice(["owner-lane", "replicated"]), default="owner-lane"
+    setting = Setting(
+        "kv_storage", "--kv-storage", str, ("owner-lane",), "", SELECTOR, choices=("owner-lane", "replicated")
     )
-    monkeypatch.setattr(simulate, "params", [*simulate.params, option])
+    monkeypatch.setattr(
+        settings, "SETTINGS", (*(s for s in settings.SETTINGS if s.key != "kv_storage"), setting)
+    )
     grid = read_grid(
         _grid(tmp_path, '[grid]\nkv_storage = ["owner-lane", "replicated"]\npolicy = "balanced"\n')
     )

@@ -15,7 +15,7 @@ compute), ``compute.py`` (the compute plan of the group's CP split), ``traffic.p
 
 from __future__ import annotations
 
-from ...errors import ConfigError
+from ...validate import check_name
 from ..config import KV_STORAGE_DESIGNS, OWNER_LANE, SimConfig
 from .base import KVStorage
 from .interleaved import InterleavedStorage
@@ -34,8 +34,4 @@ def build_storage(name: str, config: SimConfig, policy: str, cost) -> KVStorage:
     ``policy`` is the owner policy (it places owner-lane's pages; the other designs have their own
     placement); ``cost`` the run's ``StepCost`` (it prices the traffic). ConfigError for an unknown name.
     """
-    if name not in _DESIGNS:
-        raise ConfigError(
-            f"kv storage {name!r} is unknown; use one of {', '.join(KV_STORAGE_DESIGNS)} or all"
-        )
-    return _DESIGNS[name](config, policy, cost)
+    return _DESIGNS[check_name(name, KV_STORAGE_DESIGNS, "kv storage")](config, policy, cost)

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from cpkv.cli import main
-from cpkv.errors import ConfigError
-from cpkv.sim.config import KV_STORAGE_DESIGNS, SimConfig, check_designs
+from cpkv.sim.config import KV_STORAGE_DESIGNS, SimConfig
 from cpkv.sim.engine import PolicyRun
 from cpkv.sim.report import REPORT_FIELDS, STORAGE_FIELDS, format_value
 from cpkv.sim.runner import runs
@@ -79,14 +78,6 @@ def test_runs_and_labels():
         "replicated",
         "owner-lane/balanced",
     ]
-    assert check_designs(["interleaved", "all"]) == [
-        "interleaved",
-        "owner-lane",
-        "replicated",
-        "interleaved-vblock",
-    ]
-    with pytest.raises(ConfigError, match="'striped' is unknown"):
-        check_designs(["striped"])
     assert format_value("kv_allgather_bytes_per_rank", 9_567_900_000_000) == "9,567.90 GB"
 
 
