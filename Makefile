@@ -5,7 +5,9 @@
 # test starts a real mooncake_master, whose binaries and Python store link libibverbs.so.1 (even over
 # TCP): `make test-sglang` apt-installs Debian's libibverbs1 first when ldconfig does not list it.
 # `make test-quick` is the edit loop: unit tests without the ones marked slow or distributed (CI
-# runs `make test`, everything). `make test` sets CPKV_REQUIRE_COST=1: a missing aiconfigurator (the `cost`
+# runs `make test`, everything); `make test-module M=allocator` runs one folder of tests/unit (without the
+# slow tests), `make lint-fast` ruff on the files changed against main. `make lint` is ruff (check and
+# format --check) and mypy on src (pyproject's [tool.mypy]); `make test` runs it first. `make test` sets CPKV_REQUIRE_COST=1: a missing aiconfigurator (the `cost`
 # extra) fails the measured cost model's tests instead of skipping them; CPKV_REQUIRE_RAY=1 does the same
 # for Ray (the `ray` extra) and the `cpkv sweep --executor ray` test.
 PYTHON ?= python3
@@ -26,7 +28,7 @@ SGLANG059_VENV ?= .venv-sglang059
 SGLANG059_BIN  := $(SGLANG059_VENV)/bin
 SGLANG059_REQS := tests/integration/sglang059/requirements.txt
 
-.PHONY: install demo test test-quick test-sglang bench-sglang-quick lint clean ibverbs
+.PHONY: install demo test test-quick test-module test-sglang bench-sglang-quick lint lint-fast clean ibverbs
 
 # torch is most of the install time (minutes): its pip runs without -q so its download and install
 # progress show.
@@ -52,9 +54,9 @@ demo: install
 	@echo "   which fills while the other lanes stay empty (a livelock); rotation and balanced spread the pages:"
 	$(BIN)/cpkv simulate --workload tiny-chunks --out out/demo/tiny-chunks
 
-test: install
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/python -m cpkv.gov check $(if $(wildcard ../shared/design/SPEC.md),--spec ../shared/design/SPEC.md)
+# The RFC check reads the checkout only; .ci/run also checks the clauses against a SPEC.md beside it.
+test: lint
+	$(BIN)/python -m cpkv.gov check
 	CPKV_REQUIRE_COST=1 CPKV_REQUIRE_RAY=1 $(BIN)/python -m pytest -q
 
 $(SGLANG_BIN)/.installed: pyproject.toml $(SGLANG_REQS)
@@ -98,8 +100,24 @@ bench-sglang-quick: $(SGLANG_BIN)/.installed
 test-quick: install
 	$(BIN)/python -m pytest -q -m "not slow and not distributed"
 
+# One folder of tests/unit, e.g. `make test-module M=allocator` (tests/unit/allocator), without the slow tests.
+M ?=
+test-module: install
+	@test -n "$(M)" -a -d "tests/unit/$(M)" || { echo "usage: make test-module M=<folder of tests/unit>"; exit 2; }
+	$(BIN)/python -m pytest -q -m "not slow" tests/unit/$(M)
+
+LINT_PATHS := src tests benchmarks examples
 lint: install
-	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
+	$(BIN)/mypy
+
+# ruff (check and format --check) on the Python files changed against main (committed, staged or not).
+LINT_BASE ?= main
+lint-fast: install
+	@files=$$(git diff --name-only --diff-filter=d $(LINT_BASE) -- $(LINT_PATHS) | grep '\.py$$'); \
+	if [ -z "$$files" ]; then echo "lint-fast: no Python file changed against $(LINT_BASE)"; else \
+	  $(BIN)/ruff check $$files && $(BIN)/ruff format --check $$files; fi
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) $(SGLANG059_VENV) build *.egg-info src/*.egg-info .pytest_cache

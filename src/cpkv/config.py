@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError
 from .validate import INT64_MAX, check_cp_size, check_int, check_lane, per_lane_ints
@@ -85,8 +86,18 @@ class CPConfig:
 
     cp_size: int
     page_size: int
-    owner_policy: str | None = None
-    cp_strategy: str | None = None
+    owner_policy: str = None  # type: ignore[assignment]  # None: resolved to a policy in __post_init__
+    cp_strategy: str = None  # type: ignore[assignment]  # None: resolved to a strategy in __post_init__
+
+    if TYPE_CHECKING:  # the constructor takes None for either name; the fields always hold a str
+
+        def __init__(
+            self,
+            cp_size: int,
+            page_size: int,
+            owner_policy: str | None = None,
+            cp_strategy: str | None = None,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cp_size", check_cp_size(self.cp_size))
@@ -117,9 +128,11 @@ class CPConfig:
         )
 
 
-def _resolve(value, field: str, env: str, default: str, allowed: tuple[str, ...], what: str) -> str:
+def _resolve(value: object, field: str, env: str, default: str, allowed: tuple[str, ...], what: str) -> str:
     """``value``, or when None the environment variable ``env`` (stripped, lower-cased; unset or empty:
     ``default``), checked against ``allowed``; ConfigError naming ``field`` or ``env`` and the bad value."""
+    raw: object
+    out: object
     if value is None:
         raw = os.environ.get(env, default)
         out = raw.strip().lower() or default

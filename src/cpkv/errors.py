@@ -78,7 +78,7 @@ class LaneExhausted(CpkvError, RuntimeError):
             f"lane {self.lane}, or add pages_per_lane)"
         )
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[LaneExhausted], tuple[int, int, int]]:
         return (type(self), (self.lane, self.needed, self.available))
 
 

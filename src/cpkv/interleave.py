@@ -68,7 +68,9 @@ def _cyclic_view(start: int, n: int, cp_size: int) -> np.ndarray:
     return table[start : start + n]
 
 
-def interleave_split(E, h, head, phase, C: int, P: int):
+def interleave_split(
+    E: np.ndarray, h: np.ndarray, head: np.ndarray, phase: np.ndarray, C: int, P: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, TokenRuns]:
     """C-HEAD and C-INTERLEAVE for a batch: ``(m, page_owners, per_request_rank_tokens, last_token_owner,
     runs)``: new pages int64 ``[B]``, the owner of every new page int64 ``[sum m]`` (request order), int64
     ``[B, C]`` tokens each rank computes of each request, int64 ``[B]`` the owner of each request's last token
@@ -109,7 +111,15 @@ def interleave_split(E, h, head, phase, C: int, P: int):
     return m, page_owners, per_req, last_owner, runs
 
 
-def _page_runs(E, h, head, m, first, page_owners, P: int):
+def _page_runs(
+    E: np.ndarray,
+    h: np.ndarray,
+    head: np.ndarray,
+    m: np.ndarray,
+    first: np.ndarray,
+    page_owners: np.ndarray,
+    P: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(req, owner, length, pages)`` int64 ``[R]`` each: per request its head run (h tokens, no new page;
     none when h == 0), then one run per new page (P tokens, the last one ``P - (-t) % P``)."""
     B, N = E.shape[0], page_owners.shape[0]

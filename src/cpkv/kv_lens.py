@@ -20,7 +20,7 @@ from .validate import as_int, as_int_array
 _I64 = np.int64
 
 
-def rank_kv_lens(page_ids, seq_len: int, config: CPConfig) -> np.ndarray:
+def rank_kv_lens(page_ids: object, seq_len: int, config: CPConfig) -> np.ndarray:
     """KV positions ``< seq_len`` of one request that each lane holds, int64 ``[C]`` (SPEC C-DRAFT).
 
     ``page_ids`` are the request's pages in position order: page i holds positions ``i*P .. i*P + P-1``
@@ -49,7 +49,9 @@ def rank_kv_lens(page_ids, seq_len: int, config: CPConfig) -> np.ndarray:
     return out
 
 
-def verify_rank_kv_lens(page_ids, seq_len: int, num_draft_tokens: int, config: CPConfig) -> np.ndarray:
+def verify_rank_kv_lens(
+    page_ids: object, seq_len: int, num_draft_tokens: int, config: CPConfig
+) -> np.ndarray:
     """Per-lane KV lengths of the k verify queries of one speculative step, int64 ``[k, C]`` (C-DRAFT).
 
     The draft tokens sit at positions ``seq_len .. seq_len + k - 1``; query j (position ``seq_len + j``)
@@ -83,7 +85,7 @@ def verify_rank_kv_lens(page_ids, seq_len: int, num_draft_tokens: int, config: C
     return base + np.cumsum(steps, axis=0)
 
 
-def _check(page_ids, seq_len, extra: int, config) -> tuple[np.ndarray, int]:
+def _check(page_ids: object, seq_len: object, extra: int, config: object) -> tuple[np.ndarray, int]:
     """``(pages int64 [m], seq_len)`` after the checks of ``rank_kv_lens`` (``seq_len + extra <= m * P``)."""
     if not isinstance(config, CPConfig):
         raise ConfigError(f"config must be a CPConfig, got {type(config).__name__}")

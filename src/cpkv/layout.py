@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -314,6 +315,7 @@ class SharedKVLayout:
 
     def _map(self, slots, fn, check: bool = True):
         slots = self._check(slots, check)
+        out: Any  # a tensor or an array, as slots
         if _is_torch(slots):
             import torch
 

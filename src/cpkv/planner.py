@@ -11,6 +11,7 @@ planned on its own, with its own phase, before the results are flattened in requ
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -146,7 +147,15 @@ def plan_batch(
     return _plan(prefix_lens, extend_lens, config, head_owners=head_owners, phases=phases, first_index=0)
 
 
-def _plan(prefix_lens, extend_lens, config, *, head_owners, phases, first_index: int) -> BatchPlan:
+def _plan(
+    prefix_lens: object,
+    extend_lens: object,
+    config: object,
+    *,
+    head_owners: object,
+    phases: object,
+    first_index: int,
+) -> BatchPlan:
     """The single planner behind ``plan_request`` and ``plan_batch`` (C-BS1-COMPATIBILITY)."""
     if not isinstance(config, CPConfig):
         raise PlanError(f"config must be a CPConfig, got {type(config).__name__}")
@@ -159,8 +168,8 @@ def plan_arrays(
     E: np.ndarray,
     config: CPConfig,
     *,
-    head_owners,
-    phases,
+    head_owners: object,
+    phases: object,
     first_index: int = 0,
     lanes_valid: bool = False,
     stamp: object = None,
@@ -189,7 +198,7 @@ def plan_arrays(
     check_plan_size(L0, E, config)
     L0, E = L0.copy(), E.copy()  # the plan's own arrays, never the caller's (they are made read-only below)
     B = L0.shape[0]
-    head = head_owners if lanes_valid else optional_lanes("head_owners", head_owners, B, C)
+    head = cast(np.ndarray, head_owners) if lanes_valid else optional_lanes("head_owners", head_owners, B, C)
     req_idx = np.arange(first_index, first_index + B, dtype=_I64)
 
     # C-HEAD: h = min(E, P - L0 % P) head tokens fill the partly filled last prefix page (0 when L0 % P == 0).
@@ -203,7 +212,7 @@ def plan_arrays(
 
     # C-PHASE: explicit phases win; else rotation (balanced without phases uses rotation) or legacy 0.
     if phases is not None and lanes_valid:
-        phase = phases
+        phase = cast(np.ndarray, phases)
     elif phases is not None:
         phase = optional_lanes("phases", phases, B, C)
         i = first_bad(phase < 0)
@@ -243,7 +252,9 @@ def plan_arrays(
     return BatchPlan(config=config, max_rank_tokens=max_rank, token_runs=runs, stamp=stamp, **arrays)
 
 
-def _runs(E, h, head, phase, C: int, P: int) -> tuple[np.ndarray, np.ndarray, TokenRuns, np.ndarray]:
+def _runs(
+    E: np.ndarray, h: np.ndarray, head: np.ndarray, phase: np.ndarray, C: int, P: int
+) -> tuple[np.ndarray, np.ndarray, TokenRuns, np.ndarray]:
     """C-HEAD and C-ZIGZAG at run granularity: ``(m, page_owners, runs, last_token_owner)``: new pages int64
     ``[B]``, the owner of every new page int64 ``[sum m]``, the ``TokenRuns`` and each request's last token's
     owner int64 ``[B]`` (-1 when E == 0). ``E``, ``h`` (head tokens), ``head`` (recorded head owner, -1

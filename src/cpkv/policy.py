@@ -16,6 +16,7 @@ Pure functions of lengths, batch positions and free pages per lane; no allocator
 from __future__ import annotations
 
 from itertools import accumulate
+from typing import overload
 
 import numpy as np
 
@@ -24,7 +25,15 @@ from .config import BALANCED, INTERLEAVE, LEGACY, ROTATION, ZIGZAG, CPConfig
 _I64 = np.int64
 
 
-def rotation_phase(prefix_len, req_index, page_size: int, cp_size: int):
+@overload
+def rotation_phase(prefix_len: int, req_index: int, page_size: int, cp_size: int) -> int: ...
+@overload
+def rotation_phase(
+    prefix_len: np.ndarray, req_index: np.ndarray, page_size: int, cp_size: int
+) -> np.ndarray: ...
+def rotation_phase(
+    prefix_len: int | np.ndarray, req_index: int | np.ndarray, page_size: int, cp_size: int
+) -> int | np.ndarray:
     """C-PHASE rotation phase ``(prefix_len // page_size + req_index) % cp_size``.
 
     ``prefix_len`` and ``req_index`` are ints (the result is an int) or int64 arrays of one shape (the
@@ -47,7 +56,8 @@ def zigzag_lane_pages(num_pages: int, phase: int, cp_size: int) -> np.ndarray:
     ``m % 2C`` segments; lane ``(z + phase) % C``. Example m=16, C=4, phase 1 -> [4, 4, 4, 4];
     m=3, C=4, phase 1 -> [0, 1, 1, 1]. O(C).
     """
-    return np.roll(zigzag_rank_pages(np.array([num_pages], dtype=_I64), cp_size)[0], phase)
+    rank_pages: np.ndarray = zigzag_rank_pages(np.array([num_pages], dtype=_I64), cp_size)[0]
+    return np.roll(rank_pages, phase)
 
 
 def lane_pages(num_pages: int, phase: int, cp_size: int, cp_strategy: str = ZIGZAG) -> np.ndarray:
@@ -57,13 +67,17 @@ def lane_pages(num_pages: int, phase: int, cp_size: int, cp_strategy: str = ZIGZ
     phase 3, interleave -> [2, 1, 1, 2]. O(C)."""
     if cp_strategy != INTERLEAVE:
         return zigzag_lane_pages(num_pages, phase, cp_size)
-    return cyclic_lane_pages(np.array([num_pages], dtype=_I64), np.array([phase], dtype=_I64), cp_size)[0]
+    pages: np.ndarray = cyclic_lane_pages(
+        np.array([num_pages], dtype=_I64), np.array([phase], dtype=_I64), cp_size
+    )[0]
+    return pages
 
 
 def lane_mod(x: np.ndarray, cp_size: int) -> np.ndarray:
     """``x % cp_size`` for int64 ``x >= 0`` (a new array): a bitwise and when cp_size is a power of two
     (numpy's integer ``%`` costs several times more)."""
-    return x & (cp_size - 1) if cp_size & (cp_size - 1) == 0 else x % cp_size
+    out: np.ndarray = x & (cp_size - 1) if cp_size & (cp_size - 1) == 0 else x % cp_size
+    return out
 
 
 def cyclic_lane_pages(num_pages: np.ndarray, phases: np.ndarray, cp_size: int) -> np.ndarray:
@@ -109,7 +123,7 @@ def balanced_phases(
     end = L0 + E
     m = -(-end // P) - -(-L0 // P)  # [B] new pages
     rotation = rotation_phase(L0, np.arange(L0.shape[0], dtype=_I64), P, C)  # [B]
-    phases = rotation.copy()
+    phases: np.ndarray = rotation.copy()
     if C == 1:
         return phases
     rows = m.nonzero()[0]
@@ -192,8 +206,9 @@ def balanced_phase(
     gsum = sum(g_)
     gs = list(accumulate(g_ + g_, initial=0))  # window [g, g + w) holds gs[g + w] - gs[g]
     g0 = list(accumulate([v == gl for v in g_ + g_], initial=0))  # least-g lanes
-    g1 = list(accumulate([v == gl + 1 for v in g_ + g_], initial=0)) if partial else None
-    best, f = None, rotation
+    g1 = list(accumulate([v == gl + 1 for v in g_ + g_], initial=0)) if partial else []
+    best_key: tuple[bool, int, int] | None = None
+    f = rotation
     for d in range(C):
         ph = (rotation + d) % C
         g = (ph + s) % C  # the window's first lane
@@ -207,8 +222,8 @@ def balanced_phase(
                 mn += 1  # the last page's lane was the only one at the minimum
             wsum -= g_[L]
         key = (fit, mn, wsum)
-        if best is None or key > best:
-            best, f = key, ph
+        if best_key is None or key > best_key:
+            best_key, f = key, ph
     g = (f + s) % C
     for j in range(g, g + w):
         free[j if j < C else j - C] -= 1
@@ -242,7 +257,7 @@ def one_page_lanes(
     if C == 1 or config.owner_policy == LEGACY:
         return [0] * k
     P = config.page_size
-    rotation = rotation_phase(prefix_lens[new_rows], new_rows, P, C).tolist()
+    rotation: list[int] = rotation_phase(prefix_lens[new_rows], new_rows, P, C).tolist()
     if config.owner_policy == ROTATION:
         return rotation
     end = (prefix_lens[new_rows] + (1 if extend_lens is None else extend_lens[new_rows])).tolist()

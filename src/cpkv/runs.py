@@ -51,7 +51,9 @@ class TokenRuns:
         object.__setattr__(runs, "_make", make)
         return runs
 
-    def __getattr__(self, name: str):  # reached only for an attribute not yet set: a deferred run's arrays
+    def __getattr__(
+        self, name: str
+    ) -> np.ndarray:  # reached only for an attribute not yet set: a deferred run's arrays
         make = self.__dict__.get("_make")
         if make is None or name not in _FIELDS:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -59,7 +61,8 @@ class TokenRuns:
             arr.setflags(write=False)
             object.__setattr__(self, key, arr)
         object.__setattr__(self, "_make", None)
-        return self.__dict__[name]
+        arr_read: np.ndarray = self.__dict__[name]
+        return arr_read
 
     def expand(self, run_start: np.ndarray) -> np.ndarray:
         """``[sum length]`` int64: run j's tokens get ``run_start[j], run_start[j] + 1, ...``.

@@ -64,7 +64,7 @@ def one_page_slots(
     next_locs: np.ndarray,
     new_rows: np.ndarray,
     new_pages: np.ndarray,
-    page_size,
+    page_size: int | np.ndarray,
 ) -> np.ndarray:
     """``out_cache_loc`` of a batch whose requests each take at most one new page, int64 numpy ``[sum E]``.
 

@@ -21,11 +21,16 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex, cast
 
 import numpy as np
 
 from . import limits
 from .errors import ConfigError, CpkvError, InputError, PlanError
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 _I64 = np.int64
 
@@ -49,7 +54,7 @@ def as_int(name: str, value: object, error: type[CpkvError] = ConfigError) -> in
     (``"{name} must be an integer, got {value!r}"``)."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise error(f"{name} must be an integer, got {value!r}")
-    return int(value)  # type: ignore[call-overload]
+    return int(value)
 
 
 def check_int(
@@ -113,7 +118,7 @@ def per_lane_ints(name: str, value: object, cp_size: int, minimum: int) -> list[
         return [check_int(name, value, minimum)] * cp_size
     if not hasattr(value, "__iter__") or isinstance(value, (str, bytes)):
         raise ConfigError(f"{name} must be an integer or a sequence of {cp_size} integers, got {value!r}")
-    caps = [check_int(f"{name}[{r}]", q, minimum) for r, q in enumerate(value)]  # type: ignore[arg-type]
+    caps = [check_int(f"{name}[{r}]", q, minimum) for r, q in enumerate(value)]
     if len(caps) != cp_size:
         raise ConfigError(f"{name} has {len(caps)} entries, cp_size={cp_size} needs {cp_size}")
     return caps
@@ -131,12 +136,12 @@ def check_scalar(name: str, value: object, *, optional: bool = False) -> None:
 def check_len(name: str, value: object) -> int:
     """``value`` as an int in ``[0, MAX_POSITION]`` (a length or a batch index), else PlanError naming it."""
     check_scalar(name, value)
-    value = int(value)  # type: ignore[call-overload]
-    if value < 0:
-        raise PlanError(f"{name}={value} must be >= 0")
-    if value > MAX_POSITION:
-        raise PlanError(f"{name} must be <= {MAX_POSITION}, got {value}")
-    return value
+    n = int(cast("SupportsIndex", value))  # check_scalar: an integer (has __index__)
+    if n < 0:
+        raise PlanError(f"{name}={n} must be >= 0")
+    if n > MAX_POSITION:
+        raise PlanError(f"{name} must be <= {MAX_POSITION}, got {n}")
+    return n
 
 
 def parse_pages_per_lane(text: str | None) -> int | tuple[int, ...] | None:
@@ -249,8 +254,9 @@ def int64_copy(values: object) -> np.ndarray | None:
     if type(values) is np.ndarray:
         arr = values.copy() if values.dtype == _I64 else None
     elif (torch := sys.modules.get("torch")) is not None and type(values) is torch.Tensor:  # torch loaded
-        ok = values.dtype == torch.int64 and values.device.type == "cpu" and not values.requires_grad
-        arr = values.numpy().copy() if ok else None
+        tensor = cast("Tensor", values)
+        ok = tensor.dtype == torch.int64 and tensor.device.type == "cpu" and not tensor.requires_grad
+        arr = tensor.numpy().copy() if ok else None
     elif type(values) is list:
         try:
             arr = np.array(values)
@@ -261,7 +267,7 @@ def int64_copy(values: object) -> np.ndarray | None:
     return arr if arr is not None and arr.dtype == _I64 and arr.ndim == 1 else None
 
 
-def tensor_values(name: str, tensor, error: type[CpkvError] = PlanError) -> np.ndarray:
+def tensor_values(name: str, tensor: Any, error: type[CpkvError] = PlanError) -> np.ndarray:
     """A tensor's values as numpy, or ``error`` naming ``name`` (no data, or a dtype numpy lacks)."""
     device = getattr(tensor, "device", None)
     if getattr(device, "type", None) == "meta":
@@ -269,7 +275,8 @@ def tensor_values(name: str, tensor, error: type[CpkvError] = PlanError) -> np.n
             f"{name} is a tensor on device meta, which holds no values; pass a CPU tensor, array or list"
         )
     try:
-        return tensor.detach().cpu().numpy()
+        values: np.ndarray = tensor.detach().cpu().numpy()
+        return values
     except TypeError:  # e.g. bfloat16: numpy has no such dtype
         raise error(f"{name} must hold integers, got dtype {tensor.dtype}") from None
     except (RuntimeError, NotImplementedError) as e:
@@ -281,7 +288,7 @@ def optional_lanes(name: str, values: object, n: int, cp_size: int) -> np.ndarra
     if values is None:
         return np.full(n, -1, dtype=_I64)
     if not isinstance(values, np.ndarray) and not hasattr(values, "detach"):
-        values = [-1 if v is None else v for v in values]  # type: ignore[union-attr]
+        values = [-1 if v is None else v for v in cast("Iterable[object]", values)]
     arr = as_int_array(name, values, n)
     if not arr.shape[0] or (arr.min() >= -1 and arr.max() < cp_size):
         return arr
@@ -297,7 +304,7 @@ def optional_lanes(name: str, values: object, n: int, cp_size: int) -> np.ndarra
     return arr
 
 
-def lengths(prefix_lens, extend_lens, first_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def lengths(prefix_lens: object, extend_lens: object, first_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``(prefix_lens, extend_lens)`` as int64 ``[B]`` arrays; PlanError naming the request and value.
 
     Valid: both >= 0 and ``prefix_len + extend_len <= MAX_POSITION``; ``first_index`` is the batch
@@ -338,8 +345,8 @@ class _Twice(Exception):
         self.key = key
 
 
-def _no_twice(pairs: list[tuple[str, object]]) -> dict:
-    seen: dict = {}
+def _no_twice(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    seen: dict[str, object] = {}
     for key, value in pairs:
         if key in seen:
             raise _Twice(key)
@@ -369,7 +376,18 @@ def duplicate_key_line(text: str, start: int, end: int, key: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------- plan size
-def plan_bytes(prefix_lens: np.ndarray, extend_lens: np.ndarray, config) -> tuple[int, int, int]:
+class PlanShape(Protocol):
+    """What the plan-size checks read of a ``CPConfig`` (``config`` imports this module)."""
+
+    @property
+    def cp_size(self) -> int: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def cp_strategy(self) -> str: ...
+
+
+def plan_bytes(prefix_lens: np.ndarray, extend_lens: np.ndarray, config: PlanShape) -> tuple[int, int, int]:
     """``(tokens, new pages, bytes)`` of a batch's plan with its allocation, from the lengths alone.
 
     Bytes: 8 per token for each of ``token_owner``, ``gather_index`` and ``out_cache_loc``, 8 per new page
@@ -393,7 +411,7 @@ def plan_bytes_bound(num_requests: int, max_extend: int, max_pages: int, cp_size
     return 8 * B * (3 * max_extend + 6 * max_pages) + 80 * B * (2 * cp_size + 1)
 
 
-def check_plan_size(prefix_lens: np.ndarray, extend_lens: np.ndarray, config) -> None:
+def check_plan_size(prefix_lens: np.ndarray, extend_lens: np.ndarray, config: PlanShape) -> None:
     """PlanError naming the bytes when a plan of these lengths would exceed ``cpkv.limits.MAX_ARRAY_BYTES``
     (checked before any array of the plan exists). Arguments as ``plan_bytes``. A bound from the longest
     extend (every request at most ``E_max`` tokens and ``E_max // P + 2`` pages) settles most calls with

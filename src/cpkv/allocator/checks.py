@@ -36,7 +36,7 @@ def check_pool_size(cp_size: int, pages_per_lane: int, page_size: int) -> None:
     )
 
 
-def page_id_array(pages, num_pages: int) -> np.ndarray:
+def page_id_array(pages: object, num_pages: int) -> np.ndarray:
     """``pages`` (list, numpy or CPU tensor) as int64 ``[n]`` ids in ``[0, num_pages)``, else AllocatorError."""
     arr = as_int_array("pages", pages, error=AllocatorError)
     if arr.shape[0] and arr.view(_U64).max() >= num_pages:  # a negative id wraps to a huge one
@@ -45,7 +45,7 @@ def page_id_array(pages, num_pages: int) -> np.ndarray:
     return arr
 
 
-def lane_array(owners, cp_size: int) -> np.ndarray:
+def lane_array(owners: object, cp_size: int) -> np.ndarray:
     """``owners`` (list, numpy or CPU tensor) as int64 ``[n]`` lanes in ``[0, cp_size)``, else AllocatorError."""
     arr = as_int_array("owners", owners, error=AllocatorError)
     bad = np.flatnonzero((arr < 0) | (arr >= cp_size))

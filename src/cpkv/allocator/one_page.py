@@ -63,7 +63,12 @@ per lane for ``LanePool.commit`` (None when no request takes a page); the builde
 
 
 def pick_one_page(
-    pool: LanePool, tables: OnePageTables, config: CPConfig, prefix_lens, extend_lens, last_locs
+    pool: LanePool,
+    tables: OnePageTables,
+    config: CPConfig,
+    prefix_lens: object,
+    extend_lens: object,
+    last_locs: object,
 ) -> OnePage | None:
     """``alloc_extend``'s pages and slots for a batch whose requests each take at most one new page, or None
     (not taken). Picks, never commits.
@@ -96,6 +101,7 @@ def pick_one_page(
     if rows is None:
         return None
     new_rows, nxt = rows
+    lanes: list[int] | np.ndarray
     if new_rows.shape[0]:
         lanes = one_page_lanes(L0, E, new_rows, pool.free, config)
         picked = pool.pick_one_each(lanes)
@@ -128,7 +134,7 @@ def _decode_rows(
 
 
 def _extend_rows(
-    pool: LanePool, t: OnePageTables, config: CPConfig, L0, E, last
+    pool: LanePool, t: OnePageTables, config: CPConfig, L0: np.ndarray, E: np.ndarray, last: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """E given (each below 2P): ``(rows that take a new page, last_locs + 1)``, or None (also when a request
     needs two pages). Valid: ``L0, E >= 0``, ``L0 + E <= MAX_POSITION``; ``last_loc = -1`` exactly when ``L0 == 0``,
@@ -176,7 +182,14 @@ def _too_big(config: CPConfig, B: int, max_extend: int) -> bool:
     return plan_bytes_bound(B, max_extend, 1, config.cp_size) > limits.MAX_ARRAY_BYTES
 
 
-def _plan(cfg, L0, E, last, new_rows, lanes):
+def _plan(
+    cfg: CPConfig,
+    L0: np.ndarray,
+    E: np.ndarray | None,
+    last: np.ndarray,
+    new_rows: np.ndarray,
+    lanes: list[int] | np.ndarray,
+) -> BatchPlan:
     """The general path's ``plan_batch`` call (E None: decode, 1 per request): head owners from
     ``last_locs``; under ``balanced`` the phases (rotation where no page is new, the chosen lanes)."""
     C, P = cfg.cp_size, cfg.page_size

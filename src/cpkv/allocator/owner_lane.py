@@ -9,6 +9,7 @@ someone reads an ``out_cache_loc`` (``ExtendAllocation``): the simulator never d
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from .one_page import OnePageTables, pick_one_page
 from .pool import LanePool
 from .result import ExtendAllocation
 from .stamp import Commits
+
+if TYPE_CHECKING:
+    import torch
 
 _I64 = np.int64
 
@@ -59,7 +63,12 @@ class OwnerLaneAllocator:
     """
 
     def __init__(
-        self, config: CPConfig, pages_per_lane: int | Sequence[int], device="cpu", *, kind: str = "sharded"
+        self,
+        config: CPConfig,
+        pages_per_lane: int | Sequence[int],
+        device: str | torch.device = "cpu",
+        *,
+        kind: str = "sharded",
     ) -> None:
         if not isinstance(config, CPConfig):
             raise ConfigError(f"config must be a CPConfig, got {type(config).__name__}")
@@ -99,7 +108,7 @@ class OwnerLaneAllocator:
 
     # ----------------------------------------------------------------------------------------- queries
     @property
-    def device(self):
+    def device(self) -> torch.device:
         """The torch device of ``out_cache_loc`` (``torch.device``; importing torch when first read)."""
         if self._device is not None:
             return self._device
@@ -107,7 +116,7 @@ class OwnerLaneAllocator:
 
         return torch.device("cpu")
 
-    def _on_device(self, slots: np.ndarray):
+    def _on_device(self, slots: np.ndarray) -> np.ndarray | torch.Tensor:
         """``slots`` (int64 numpy) as ``out_cache_loc`` on this allocator's device: the array itself on
         the host (``ExtendAllocation`` wraps it as a tensor on first read), else a torch copy there."""
         if self._device is None:
@@ -118,11 +127,13 @@ class OwnerLaneAllocator:
 
     def free_pages_per_lane(self) -> np.ndarray:
         """Free pages of each lane, int64 ``[C]`` (a copy)."""
-        return self.pool.free.copy()
+        free: np.ndarray = self.pool.free.copy()
+        return free
 
     def used_pages_per_lane(self) -> np.ndarray:
         """Pages handed out and not yet freed, per lane, int64 ``[C]``."""
-        return self.capacity_per_lane - self.pool.free
+        used: np.ndarray = self.capacity_per_lane - self.pool.free
+        return used
 
     @property
     def min_free_pages(self) -> int:
@@ -134,7 +145,7 @@ class OwnerLaneAllocator:
         """Free pages over all lanes, in pages."""
         return int(self.pool.free.sum())
 
-    def is_free(self, pages) -> np.ndarray:
+    def is_free(self, pages: object) -> np.ndarray:
         """Bool ``[n]``: whether each page id is currently free (ids must be in ``[0, num_pages)``)."""
         return self.pool.is_free(page_id_array(pages, self.num_pages))
 
@@ -143,7 +154,7 @@ class OwnerLaneAllocator:
         return self.pool.digest()
 
     # ------------------------------------------------------------------------------------- allocation
-    def alloc_pages(self, owners) -> np.ndarray:
+    def alloc_pages(self, owners: object) -> np.ndarray:
         """One page of each requested lane, in order (SPEC C-ALLOC), atomically (C-ATOMIC).
 
         Args:
@@ -164,7 +175,7 @@ class OwnerLaneAllocator:
         self.pool.commit(pages, counts)
         return pages
 
-    def alloc_extend(self, prefix_lens, extend_lens, last_locs) -> ExtendAllocation:
+    def alloc_extend(self, prefix_lens: object, extend_lens: object, last_locs: object) -> ExtendAllocation:
         """Plan a batch and allocate all its new pages at once (SPEC section 7, C-ATOMIC, C-FAIL-FAST).
 
         Head owners come from ``lane(last_loc // P)``. Under ``balanced`` each request's phase keeps the
@@ -189,7 +200,9 @@ class OwnerLaneAllocator:
         fast = self._alloc_one_page(prefix_lens, extend_lens, last_locs)
         return fast if fast is not None else self._alloc_planned(prefix_lens, extend_lens, last_locs)
 
-    def _alloc_one_page(self, prefix_lens, extend_lens, last_locs) -> ExtendAllocation | None:
+    def _alloc_one_page(
+        self, prefix_lens: object, extend_lens: object, last_locs: object
+    ) -> ExtendAllocation | None:
         """``alloc_extend`` (``extend_lens`` None: ``alloc_decode``) of a batch whose requests each take at
         most one new page, without the planner (``one_page.py``); None when that path declines."""
         got = pick_one_page(self.pool, self._one_page, self.config, prefix_lens, extend_lens, last_locs)
@@ -202,12 +215,12 @@ class OwnerLaneAllocator:
             new_pages.setflags(write=False)
         return ExtendAllocation(out_cache_loc, None, new_pages, make_plan=make_plan)
 
-    def _alloc_planned(self, prefix_lens, extend_lens, last_locs) -> ExtendAllocation:
+    def _alloc_planned(self, prefix_lens: object, extend_lens: object, last_locs: object) -> ExtendAllocation:
         """The general path of ``alloc_extend``: plan the batch, then commit the plan."""
         plan, last = self._plan_extend(prefix_lens, extend_lens, last_locs)
         return self._commit_plan(plan, last)
 
-    def plan_extend(self, prefix_lens, extend_lens, last_locs) -> BatchPlan:
+    def plan_extend(self, prefix_lens: object, extend_lens: object, last_locs: object) -> BatchPlan:
         """The plan ``alloc_extend`` would allocate now, without taking any page (plan, then commit).
 
         Validates ``last_locs`` and derives head owners as ``alloc_extend`` does; under ``balanced`` the
@@ -221,7 +234,7 @@ class OwnerLaneAllocator:
         """
         return self._plan_extend(prefix_lens, extend_lens, last_locs)[0]
 
-    def allocate(self, plan: BatchPlan, last_locs) -> ExtendAllocation:
+    def allocate(self, plan: BatchPlan, last_locs: object) -> ExtendAllocation:
         """Commit a plan of ``plan_extend``: take its new pages on their lanes, atomically (C-ATOMIC).
 
         The result is the one ``alloc_extend`` of the plan's lengths and ``last_locs`` would give now; the
@@ -256,6 +269,7 @@ class OwnerLaneAllocator:
             runs = plan.token_runs
             seg = runs.pages > 0  # the runs of new pages (zigzag segments), in page order
             new_pages, counts = self.pool.pick(runs.owner[seg], runs.pages[seg])
+        out: np.ndarray | torch.Tensor
         if self._kernels:  # CUDA (or Triton's interpreter): written on the device in one launch
             from ..kernels.slots import fill_out_cache_loc
 
@@ -267,7 +281,7 @@ class OwnerLaneAllocator:
         new_pages.setflags(write=False)
         return ExtendAllocation(out_cache_loc=out, plan=plan, new_pages=new_pages)
 
-    def alloc_decode(self, seq_lens, last_locs) -> ExtendAllocation:
+    def alloc_decode(self, seq_lens: object, last_locs: object) -> ExtendAllocation:
         """Append one token per request: ``alloc_extend(seq_lens, [1] * B, last_locs)`` (SPEC section 7).
 
         A new page is taken only when position ``seq_len`` starts a page, on the lane the policy gives
@@ -291,7 +305,7 @@ class OwnerLaneAllocator:
         return self._alloc_planned(L0, np.ones_like(L0), last_locs)
 
     # ------------------------------------------------------------------- speculative decoding (C-DRAFT)
-    def alloc_draft(self, seq_lens, last_locs, num_draft_tokens: int) -> ExtendAllocation:
+    def alloc_draft(self, seq_lens: object, last_locs: object, num_draft_tokens: int) -> ExtendAllocation:
         """Slots for the k draft tokens of one speculative step: positions ``seq_len .. seq_len + k - 1``.
 
         Exactly ``alloc_extend(seq_lens, [k] * B, last_locs)`` (SPEC C-DRAFT): the same pages on the same
@@ -316,7 +330,7 @@ class OwnerLaneAllocator:
         L0 = as_int_array("seq_lens", seq_lens)
         return self.alloc_extend(L0, np.full_like(L0, k), last_locs)
 
-    def release_tail(self, page_ids, new_len: int) -> np.ndarray:
+    def release_tail(self, page_ids: object, new_len: int) -> np.ndarray:
         """Roll one request back to ``new_len`` tokens: free its pages that hold no kept position (C-DRAFT).
 
         ``page_ids`` are the request's pages in position order, so page i holds positions
@@ -346,11 +360,11 @@ class OwnerLaneAllocator:
                 f"positions 0 .. {m * P - 1}"
             )
         self.pool.check_held(pages, "release_tail: the request's pages include")
-        tail = pages[-(-new_len // P) :].copy()
+        tail: np.ndarray = pages[-(-new_len // P) :].copy()
         self.pool.release(tail)  # checked above with the rest of the request's pages
         return tail
 
-    def free(self, pages) -> None:
+    def free(self, pages: object) -> None:
         """Return pages to their lanes (SPEC C-ALLOC); all-or-nothing.
 
         Args:
@@ -367,7 +381,9 @@ class OwnerLaneAllocator:
         self.pool.release(pages)
 
     # ---------------------------------------------------------------------------------------- private
-    def _plan_extend(self, prefix_lens, extend_lens, last_locs) -> tuple[BatchPlan, np.ndarray]:
+    def _plan_extend(
+        self, prefix_lens: object, extend_lens: object, last_locs: object
+    ) -> tuple[BatchPlan, np.ndarray]:
         """``(plan, last_locs)`` of a batch, the plan stamped with the state it was made under."""
         L0, E = lengths(prefix_lens, extend_lens)
         last = as_int_array("last_locs", last_locs, L0.shape[0])

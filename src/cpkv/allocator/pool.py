@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -65,13 +66,13 @@ class LanePool:
         self.free = self._top.view()  # read-only, follows every change of _top (updated in place only)
         self.free.setflags(write=False)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles carry the counts, not the view (a copied view would stop following them)."""
         state = self.__dict__.copy()
         del state["free"]
         return state
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._make_views()
 
@@ -84,7 +85,8 @@ class LanePool:
 
     def is_free(self, pages: np.ndarray) -> np.ndarray:
         """Bool ``[n]``: whether each page id (int64, in ``[0, num_pages)``) exists and is free."""
-        return self._usable[pages] > self._taken[pages]
+        free: np.ndarray = self._usable[pages] > self._taken[pages]
+        return free
 
     def exists(self, page: int) -> bool:
         """Whether page id ``page`` (in ``[0, num_pages)``) exists on its lane and is not page 0."""
@@ -101,7 +103,9 @@ class LanePool:
             h.update((self.lane_stack(r) // self.cp_size).tobytes())  # local ids, as ever
         return h.hexdigest()
 
-    def valid_last_locs(self, L0: np.ndarray, last: np.ndarray, P) -> tuple[np.ndarray, np.ndarray] | None:
+    def valid_last_locs(
+        self, L0: np.ndarray, last: np.ndarray, P: int | np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """``(last_locs + 1, page of each last_loc)``, int64 ``[B]`` each, when every ``last_loc`` is valid for
         its ``prefix_len`` (C-FAIL-FAST), else None (the caller then names the first bad request).
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -34,6 +34,10 @@ class ExtendAllocation:
     """
 
     __slots__ = ("_out", "new_pages", "_plan", "_make_plan")
+    _out: torch.Tensor | np.ndarray
+    new_pages: np.ndarray
+    _plan: BatchPlan | None
+    _make_plan: Callable[[], BatchPlan] | None
 
     def __init__(
         self,
@@ -56,11 +60,13 @@ class ExtendAllocation:
     @property
     def out_cache_loc(self) -> torch.Tensor:
         """``[sum E]`` torch.int64 on the allocator's device (see the class doc)."""
-        if isinstance(self._out, np.ndarray):
+        out = self._out
+        if isinstance(out, np.ndarray):
             import torch
 
-            object.__setattr__(self, "_out", torch.from_numpy(self._out))  # shares the array's memory
-        return self._out
+            out = torch.from_numpy(out)  # shares the array's memory
+            object.__setattr__(self, "_out", out)
+        return out
 
     @property
     def out_cache_loc_cpu(self) -> np.ndarray:
@@ -70,20 +76,27 @@ class ExtendAllocation:
             NotImplementedError: from torch, on a ``meta`` allocator (its tensors hold no values to copy).
         """
         out = self._out
-        return out if isinstance(out, np.ndarray) else out.cpu().numpy()
+        if isinstance(out, np.ndarray):
+            return out
+        host: np.ndarray = out.cpu().numpy()
+        return host
 
     @property
     def plan(self) -> BatchPlan:
         """The ``BatchPlan`` of the call (built by ``plan_batch`` on first access where it was deferred)."""
-        if self._plan is None:
-            object.__setattr__(self, "_plan", self._make_plan())
+        plan = self._plan
+        if plan is None:  # deferred: _make_plan is set (__init__ takes exactly one of the two)
+            plan = cast("Callable[[], BatchPlan]", self._make_plan)()
+            object.__setattr__(self, "_plan", plan)
             object.__setattr__(self, "_make_plan", None)
-        return self._plan
+        return plan
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"ExtendAllocation is read-only (cannot set {name!r})")
 
-    def __reduce__(self):
+    def __reduce__(
+        self,
+    ) -> tuple[type[ExtendAllocation], tuple[torch.Tensor | np.ndarray, BatchPlan, np.ndarray]]:
         """Copy and pickle through the constructor (a deferred plan is built first)."""
         return (ExtendAllocation, (self._out, self.plan, self.new_pages))
 

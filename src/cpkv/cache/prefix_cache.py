@@ -353,12 +353,12 @@ class PrefixCache:
     def _resolve(self, handle) -> tuple[CacheNode, int]:
         """The live run holding a handle's last page, or PrefixCacheError for a stale handle."""
         node, depth = self.tree.resolve(handle)
-        if depth and (not node.dev or node.gen != handle.gen):  # type: ignore[attr-defined]
+        if depth and (not node.dev or node.gen != handle.gen):
             raise PrefixCacheError(
                 f"stale handle: the pages of its {depth}-page prefix were evicted since it "
                 "was returned; call match_prefix again"
             )
-        return node, depth  # type: ignore[return-value]
+        return node, depth
 
     def _on_split(self, upper: CacheNode, lower: CacheNode) -> None:
         """The tree split a run: the new upper part takes its state; host keys in it now point to it."""

@@ -26,10 +26,14 @@ nodes are [A] (lock_ref 1, own 0) and [B] (lock_ref 1, own 1): ``unlock(a)`` sti
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import numpy as np
 
 from ..errors import PrefixCacheError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 _I64 = np.int64
 _NO_TOKENS = np.zeros(0, dtype=_I64)
@@ -60,9 +64,11 @@ class RadixNode:
         "nid",
     )
 
-    def __init__(self, parent: RadixNode | None, tokens: np.ndarray, vals: np.ndarray, start: int, nid: int):
+    def __init__(
+        self, parent: Self | None, tokens: np.ndarray, vals: np.ndarray, start: int, nid: int
+    ) -> None:
         self.parent = parent
-        self.children: dict[bytes, RadixNode] = {}
+        self.children: dict[bytes, Self] = {}
         self.tokens = tokens  # [num_pages * P] int64
         self.vals = vals  # [num_pages, F] int64
         self.start = start
@@ -75,15 +81,20 @@ class RadixNode:
     @property
     def num_pages(self) -> int:
         """Pages in the run."""
-        return self.vals.shape[0]
+        pages: int = self.vals.shape[0]
+        return pages
 
     @property
     def end(self) -> int:
         """Depth just past the last page (pages from the root)."""
-        return self.start + self.vals.shape[0]
+        return self.start + self.num_pages
 
 
-class Handle:
+N = TypeVar("N", bound=RadixNode)
+"""The node type of a ``RadixTree`` (its ``node_factory``'s): ``RadixNode`` or a subclass."""
+
+
+class Handle(Generic[N]):
     """Opaque lock handle: the page-aligned prefix of ``depth`` pages (see the module doc). Immutable.
 
     ``gen`` is the generation the tree's user gave the node when the handle was made (the prefix cache
@@ -92,14 +103,14 @@ class Handle:
 
     __slots__ = ("tree", "node", "depth", "gen")
 
-    def __init__(self, tree: RadixTree, node: RadixNode, depth: int, gen: int) -> None:
+    def __init__(self, tree: RadixTree[N], node: N, depth: int, gen: int) -> None:
         self.tree, self.node, self.depth, self.gen = tree, node, depth, gen
 
     def __repr__(self) -> str:
         return f"Handle(depth={self.depth} pages)"
 
 
-class RadixTree:
+class RadixTree(Generic[N]):
     """Radix tree of page runs keyed by token ids at page granularity (SPEC section 8, C-LOCK).
 
     Args:
@@ -109,25 +120,35 @@ class RadixTree:
         on_split: called as ``on_split(upper, lower)`` after every split, to copy or remap user state.
     """
 
+    @overload
+    def __init__(self: RadixTree[RadixNode], page_size: int, num_fields: int) -> None: ...
+    @overload
     def __init__(
         self,
         page_size: int,
         num_fields: int,
-        node_factory: Callable[..., RadixNode] = RadixNode,
-        on_split: Callable[[RadixNode, RadixNode], None] | None = None,
+        node_factory: Callable[..., N],
+        on_split: Callable[[N, N], None] | None = None,
+    ) -> None: ...
+    def __init__(
+        self,
+        page_size: int,
+        num_fields: int,
+        node_factory: Callable[..., Any] = RadixNode,
+        on_split: Callable[[N, N], None] | None = None,
     ) -> None:
         self.page_size = page_size
         self.num_fields = num_fields
-        self._new = node_factory
+        self._new: Callable[..., N] = node_factory
         self._on_split = on_split
         self._nid = 0
         self.clock = 0
         self.num_nodes = 0  # live nodes, root excluded
         self.nodes_created = 0
-        self.root = node_factory(None, np.zeros(0, _I64), np.zeros((0, num_fields), _I64), 0, 0)
+        self.root = self._new(None, np.zeros(0, _I64), np.zeros((0, num_fields), _I64), 0, 0)
 
     # ---------------------------------------------------------------------------------------- queries
-    def walk(self, tokens: np.ndarray, num_pages: int) -> list[tuple[RadixNode, int]]:
+    def walk(self, tokens: np.ndarray, num_pages: int) -> list[tuple[N, int]]:
         """Longest match of the first ``num_pages`` pages of ``tokens`` (int64, contiguous).
 
         Returns ``[(node, pages matched in node), ...]`` root side first; only the last entry can match
@@ -152,7 +173,7 @@ class RadixTree:
             node = child
         return path
 
-    def path(self, node: RadixNode) -> list[RadixNode]:
+    def path(self, node: N) -> list[N]:
         """Nodes from the root's child down to ``node`` (empty for the root)."""
         out = []
         while node.parent is not None:
@@ -160,7 +181,7 @@ class RadixTree:
             node = node.parent
         return out[::-1]
 
-    def preorder(self, node: RadixNode, keep: Callable[[RadixNode], bool] | None = None) -> list[RadixNode]:
+    def preorder(self, node: N, keep: Callable[[N], bool] | None = None) -> list[N]:
         """``node`` and its descendants, parents before children, children in insertion order; with
         ``keep``, a node for which it is False is left out together with its subtree."""
         out, stack = [], [node]
@@ -171,7 +192,7 @@ class RadixTree:
                 stack.extend(reversed(n.children.values()))
         return out
 
-    def nodes(self) -> Iterator[RadixNode]:
+    def nodes(self) -> Iterator[N]:
         """Every live node but the root, parents before children."""
         for n in self.preorder(self.root):
             if n is not self.root:
@@ -183,13 +204,13 @@ class RadixTree:
         self.clock += 1
         return self.clock
 
-    def add_leaf(self, parent: RadixNode, tokens: np.ndarray, vals: np.ndarray) -> RadixNode:
+    def add_leaf(self, parent: N, tokens: np.ndarray, vals: np.ndarray) -> N:
         """New child run of ``parent`` (``tokens`` int64 ``[k * P]``, ``vals`` int64 ``[k, F]``, k >= 1)."""
         node = self._node(parent, tokens, vals, parent.end)
         parent.children[tokens[: self.page_size].tobytes()] = node
         return node
 
-    def split(self, node: RadixNode, at: int, lower_goes: bool = False) -> RadixNode:
+    def split(self, node: N, at: int, lower_goes: bool = False) -> N:
         """Cut ``node`` after its first ``at`` pages (0 < at < num_pages); returns the new upper node.
 
         The original object keeps the lower pages (see the module doc). The upper node takes the parent's
@@ -219,7 +240,7 @@ class RadixTree:
             self._on_split(upper, node)
         return upper
 
-    def detach(self, node: RadixNode) -> list[RadixNode]:
+    def detach(self, node: N) -> list[N]:
         """Remove ``node`` and its subtree; returns them, parents first. They keep their ``parent`` link
         (so a handle below a removed run still resolves to a live ancestor) but are no longer attached."""
         del node.parent.children[node.tokens[: self.page_size].tobytes()]  # type: ignore[union-attr]
@@ -231,12 +252,12 @@ class RadixTree:
         return gone
 
     # ---------------------------------------------------------------------------------------- handles
-    def handle(self, node: RadixNode, depth: int, gen: int) -> Handle:
+    def handle(self, node: N, depth: int, gen: int) -> Handle[N]:
         """A handle of the prefix ``[0, depth)`` pages, held by ``node`` (``node.start < depth <= node.end``,
         or the root with depth 0)."""
         return Handle(self, node, depth, gen)
 
-    def resolve(self, handle: object) -> tuple[RadixNode, int]:
+    def resolve(self, handle: object) -> tuple[N, int]:
         """``(node holding the handle's last page now, depth)``; the root for depth 0.
 
         Raises:
@@ -253,7 +274,7 @@ class RadixTree:
             raise PrefixCacheError(f"stale handle: the pages of its {depth}-page prefix left the cache")
         return node, depth
 
-    def lock(self, node: RadixNode, depth: int) -> tuple[RadixNode, list[RadixNode]]:
+    def lock(self, node: N, depth: int) -> tuple[N, list[N]]:
         """Add one lock at ``depth`` (held by ``node``, from ``resolve``): split so that it ends at a node
         end, count it there. Returns ``(that node, nodes whose lock_ref went from 0 to 1)``."""
         if depth < node.end:
@@ -261,7 +282,7 @@ class RadixTree:
         node.own_locks += 1
         return node, self.adjust(node, 1)
 
-    def unlock(self, node: RadixNode, depth: int) -> list[RadixNode]:
+    def unlock(self, node: N, depth: int) -> list[N]:
         """Remove one lock taken at exactly ``depth``; returns the nodes whose lock_ref went to 0.
 
         Raises:
@@ -275,7 +296,7 @@ class RadixTree:
         node.own_locks -= 1
         return self.adjust(node, -1)
 
-    def adjust(self, node: RadixNode, delta: int) -> list[RadixNode]:
+    def adjust(self, node: N, delta: int) -> list[N]:
         """Add ``delta`` (+1 or -1) to ``lock_ref`` from ``node`` up to the root (a pin without a handle
         when called directly); returns the nodes that crossed zero (deepest first), root excluded."""
         crossed = []
@@ -289,7 +310,7 @@ class RadixTree:
         return crossed
 
     # ---------------------------------------------------------------------------------------- private
-    def _node(self, parent: RadixNode | None, tokens: np.ndarray, vals: np.ndarray, start: int) -> RadixNode:
+    def _node(self, parent: N | None, tokens: np.ndarray, vals: np.ndarray, start: int) -> N:
         self._nid += 1
         self.num_nodes += 1
         self.nodes_created += 1

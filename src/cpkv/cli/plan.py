@@ -180,8 +180,9 @@ def _duplicate_line(text: str, key: str) -> int:
             _, end = decoder.raw_decode(text, pos)
         except ValueError:
             return 1
-        if duplicate_key(text[pos:end]) is not None:
-            return duplicate_key_line(text, pos, end, duplicate_key(text[pos:end]))
+        twice = duplicate_key(text[pos:end])
+        if twice is not None:
+            return duplicate_key_line(text, pos, end, twice)
         pos = end
 
 

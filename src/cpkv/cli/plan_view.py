@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from typing import cast
 
 import numpy as np
 
@@ -39,8 +40,9 @@ def plan_to_dict(plan: BatchPlan | RequestPlan, config: CPConfig | None = None) 
     Values are ints and lists of ints (tokens, pages, elements). A ``RequestPlan`` (``plan_request``, at
     its own ``req_index``) is shown as a batch of that one request; it needs the ``config`` it was
     planned with (a ``BatchPlan`` carries its own)."""
-    if isinstance(plan, RequestPlan):
-        cfg, requests, per_rank = config, (plan,), plan.per_rank_tokens
+    requests: tuple[RequestPlan, ...]
+    if isinstance(plan, RequestPlan):  # needs the config (see above)
+        cfg, requests, per_rank = cast(CPConfig, config), (plan,), plan.per_rank_tokens
         max_rank = max(per_rank.tolist(), default=0)
     else:
         cfg, requests, per_rank, max_rank = (

@@ -41,7 +41,7 @@ def data_root() -> Path:
         found = None
     if found is None or found.origin is None:
         load_aiconfigurator()  # raises CostExtraMissing naming the extra
-    return Path(found.origin).parent / "systems" / "data"
+    return Path(found.origin).parent / "systems" / "data"  # type: ignore[union-attr,arg-type]  # found: load_aiconfigurator raised otherwise
 
 
 @lru_cache(maxsize=1)

@@ -10,8 +10,12 @@ table continues along the slope of its last segment (never negative), so it stay
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 
 def monotone(z: np.ndarray) -> np.ndarray:
@@ -42,7 +46,7 @@ class Curve:
             along the last segment's slope.
     """
 
-    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+    def __init__(self, x: np.ndarray, y: ArrayLike) -> None:
         self.x = _check_axis("x", x)
         self.y = monotone(np.asarray(y, dtype=np.float64).reshape(self.x.shape))
         self.tail = (self.y[-1] - self.y[-2]) / (self.x[-1] - self.x[-2])  # >= 0
@@ -100,7 +104,7 @@ class Surface:
         np.minimum(t, 1.0, out=t)
         return i, np.maximum(t, 0.0, out=t)
 
-    def __call__(self, qx: np.ndarray, qy: np.ndarray) -> np.ndarray:
+    def __call__(self, qx: ArrayLike, qy: ArrayLike) -> np.ndarray:
         """Prices at the points ``(qx[k], qy[k])`` (equal shapes, or scalars), float64 ms of that shape."""
         shape = np.shape(qx)
         qx = np.atleast_1d(np.asarray(qx, dtype=np.float64))

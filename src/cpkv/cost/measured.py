@@ -131,6 +131,7 @@ class MeasuredCost:
         if decode is not None:
             attention += self._decode_attention(decode)
         if prefill is None:  # decode only: the generation tables
+            assert decode is not None  # both None returned above
             d = decode.per_rank_tokens
             D = decode.num_tokens
             linear = t.gen_per_token(d) + (t.gen_group.at(D) + t.gen_logits.at(D))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from cpkv.gov.check import run_check
 from cpkv.gov.files import find_root
@@ -23,7 +24,7 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     """argparse without its usage banner: errors become one ``cpkv: error:`` line (via ``UsageError``)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see python -m cpkv.gov --help)")
 
 

@@ -87,7 +87,8 @@ def rfc_sections(rfc: Rfc, clauses: Sequence[Clause], file_ids: set[str]) -> lis
     clause files there (so a clause that failed its schema is not reported a second time as unknown).
     A clause's ``since`` may not be newer than the RFC's ``version``.
     """
-    out, listed = [], {}
+    listed: dict[str, str] = {}  # clause id -> the section title that lists it
+    out = []
     for title, ids in rfc.sections:
         for cid in ids:
             if cid in listed:

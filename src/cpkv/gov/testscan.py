@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 from cpkv.gov.files import rel_path
 from cpkv.gov.model import Problem, problem
@@ -38,7 +39,7 @@ class ScannedFile:
     problems: list[Problem] = field(default_factory=list)
 
 
-def _is_clause_mark(node: ast.expr) -> bool:
+def _is_clause_mark(node: ast.expr) -> TypeGuard[ast.Call]:
     """True for ``pytest.mark.clause(...)``, ``<x>.mark.clause(...)`` and ``mark.clause(...)`` calls."""
     if not (
         isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "clause"
@@ -73,7 +74,11 @@ class _Scanner:
                         )
                     )
                     continue
-                found += [ClauseMark(self.out.rel, node.lineno, a.value) for a in args]
+                found += [
+                    ClauseMark(self.out.rel, node.lineno, a.value)
+                    for a in args
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str)  # all of them (checked above)
+                ]
         self.out.marks += found
         return tuple(found)
 

@@ -17,6 +17,7 @@ while SGLang's modules import).
 from __future__ import annotations
 
 import os
+from typing import SupportsInt
 
 from ..errors import ConfigError
 
@@ -58,7 +59,7 @@ def check_sglang_version(version: str | None = None) -> str:
     return version
 
 
-def check_cp_size_matches(cp_size: int, attn_cp_size: object) -> None:
+def check_cp_size_matches(cp_size: int, attn_cp_size: SupportsInt | None) -> None:
     """ConfigError unless SGLang's attention CP size equals cpkv's ``CPKV_CP_SIZE`` (``cp_size``)."""
     if attn_cp_size is not None and int(attn_cp_size) != cp_size:
         raise ConfigError(

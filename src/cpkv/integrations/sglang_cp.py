@@ -273,6 +273,10 @@ def nsa_metadata(plan: BatchPlan, rank: int, *, device: torch.device | str = "cp
         actual_seq_q_next=int(v.q_next[0]),
     )
     t = _Int32Tensors(device)
+    fields: dict[str, Any] = {
+        **scalars,
+        **{f"{name}_tensor": t(name, value) for name, value in scalars.items()},
+    }
     return NSACPMetadata(
         split_list=v.split[0].tolist(),
         max_rank_len=[max(per_rank)] * len(per_rank),
@@ -280,8 +284,7 @@ def nsa_metadata(plan: BatchPlan, rank: int, *, device: torch.device | str = "cp
         per_rank_actual_token=per_rank,
         reverse_split_len=v.reverse_split_len.tolist(),
         cp_reverse_index=v.cp_reverse_index.tolist(),
-        **scalars,
-        **{f"{name}_tensor": t(name, value) for name, value in scalars.items()},
+        **fields,
         total_seq_lens=torch.tensor(int(v.split.sum())),
         request_phases=v.phases.tolist(),
     )

@@ -313,7 +313,9 @@ def register(registry=None) -> tuple[str, ...]:
     registers them through ``hooks()``).
     """
     if registry is None:
-        from sglang.srt.plugins.hook_registry import HookRegistry as registry
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        registry = HookRegistry
     from sglang.srt.plugins.hook_registry import HookType
 
     for target, hook, kind in hooks():

@@ -61,6 +61,8 @@ class OwnerLaneKVPoolMixin:
     """
 
     default_cp_size: int = 1
+    size: int  # SGLang's pool: tokens (rows but the padding page) and tokens per page
+    page_size: int
 
     def __init__(self, *args, cp_size: int | None = None, cp_rank: int | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -71,7 +73,10 @@ class OwnerLaneKVPoolMixin:
         if rows % self.page_size:
             raise ConfigError(f"KV pool size={self.size} is not a multiple of page_size={self.page_size}")
         self.layout = SharedKVLayout(C, self.page_size, rows // self.page_size)
-        self._rows_loc = self._rows_version = self._rows = None  # owned_rows of the latest out_cache_loc
+        # owned_rows of the latest out_cache_loc
+        self._rows_loc: torch.Tensor | None = None
+        self._rows_version: int | None = None
+        self._rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def for_group(cls, cp_size: int) -> type:
@@ -94,13 +99,14 @@ class OwnerLaneKVPoolMixin:
 
         Raises: LayoutError for a slot past the group's ``C * Q * page_size``.
         """
-        if self._rows_loc is loc and self._rows_version == loc._version:
-            return self._rows
+        rows = self._rows
+        if rows is not None and self._rows_loc is loc and self._rows_version == loc._version:
+            return rows
         flat = loc.reshape(-1).to(torch.int64)
         index = self.layout.owned_mask(flat, self.cp_rank).nonzero().reshape(-1)
-        self._rows = (index, self.layout.write_slots(flat.index_select(0, index)))
+        rows = self._rows = (index, self.layout.write_slots(flat.index_select(0, index)))
         self._rows_loc, self._rows_version = loc, loc._version
-        return self._rows
+        return rows
 
     # SGLang's other writers address rows by group slot and move rows between slots that may lie on other
     # ranks (retraction offload re-allocates, speculative moves): refused at C > 1, never written past the

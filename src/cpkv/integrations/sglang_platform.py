@@ -108,7 +108,7 @@ class OwnerLaneAllocatorHook:
         """Refuses what cpkv cannot serve, one line each (``sglang_checks.check_server_args``): an
         ``attn_cp_size`` other than ``CPKV_CP_SIZE``, ``--enable-kv-cache-sharding``, HiSparse at C > 1.
         Sets no default. Raises ConfigError."""
-        super().apply_server_args_defaults(server_args)
+        super().apply_server_args_defaults(server_args)  # type: ignore[misc]  # the SGLang platform after this mixin
         check_server_args(server_args, self.cp_size)
 
     def get_paged_allocator_cls(self) -> type:

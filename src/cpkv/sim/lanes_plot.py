@@ -11,10 +11,14 @@ from __future__ import annotations
 import gc
 import io
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .metrics import BUSY_FRACTION
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 MAX_POINTS = 1500
 """Longer runs are drawn as ``MAX_POINTS`` time bins: the min-max band of each bin and its max as a line,
@@ -99,7 +103,8 @@ def lanes_figure(results: list, config: dict, status: str = "complete"):
     n = max(len(results), 1)
     fig = plt.figure(figsize=(12, 1.3 + 2.5 * n), layout="constrained")
     grid = fig.add_gridspec(n, 2, width_ratios=[3, 1.3])
-    curve_axes, bar_axes = [], []
+    curve_axes: list[Axes] = []
+    bar_axes: list[Axes] = []
     for i, r in enumerate(results):
         ax = fig.add_subplot(grid[i, 0], sharex=curve_axes[0] if curve_axes else None)
         bx = fig.add_subplot(grid[i, 1], sharey=bar_axes[0] if bar_axes else None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -195,7 +196,7 @@ def load_lines(load: Load, config: SimConfig, priced_by: str) -> list[str]:
             f"-> the burst takes about {drain:,.1f} s to prefill: {median}the last TTFT about {drain:,.1f} s, "
             "when the pool holds it and the policy spreads its pages over the lanes",
         ]
-    ratio = load.ratio
+    ratio = cast(float, load.ratio)  # not a burst (returned above); a capacity of 0 would give None here
     head = [
         f"load: {load.requests:,} requests over {load.span_s:,.0f} s offer {load.prompt_tokens / load.span_s:,.0f} "
         f"prompt tokens/s, {load.new_tokens / load.span_s:,.0f}/s to prefill if every shared prefix hits the cache",

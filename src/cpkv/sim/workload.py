@@ -252,13 +252,14 @@ def build_workload(
             "lower num_requests (cpkv simulate --max-requests)",
         )
     if name == "trace":
-        requests = load_trace(trace_path, max_requests=num_requests)  # type: ignore[arg-type]
+        assert trace_path is not None  # checked above: given exactly for "trace"
+        requests = load_trace(trace_path, max_requests=num_requests)
         return WorkloadSpec(
             name=name,
             requests=tuple(requests),
             chunk_pages=None,
             description=f"Mooncake trace {os.fspath(trace_path)}",
-        )  # type: ignore[arg-type]
+        )
     settings: dict = {"chunk_pages": None}
     if name == "synthetic":
         requests = synthetic_workload(seed=seed, **count)

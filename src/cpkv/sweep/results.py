@@ -11,7 +11,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import cast
 
 from ..sim.report import SPEC_DECODE_FIELDS, format_value
 from .columns import METRIC_FIELDS, TIMING_FIELDS
@@ -56,7 +57,7 @@ def results_csv(rows: Sequence[dict], config_columns: Sequence[str]) -> str:
 
 def _cell(key: str, value: object) -> object:
     if key == "extrapolated":
-        return "; ".join(value or ())
+        return "; ".join(cast("Iterable[str]", value or ()))
     if value is None:
         return ""
     if isinstance(value, (list, tuple)):

@@ -14,12 +14,12 @@ a row of the results, as a listed grid's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 from .results import meets
 
 
-def search_groups(grid, replay: Callable) -> tuple:
+def search_groups(grid, replay: Any) -> tuple:  # replay: a run.Replayer (run imports this module)
     """Run the search of ``grid`` (``grid.search`` set) through ``replay`` (``run.Replayer``: replays a plan
     and keeps the records). Returns ``(plan, found)``: the plan of every replayed point (``replay.merged``)
     and one dict per design: ``{"design": {key: value}, "fewest_groups": g or None, "met": bool, "bounds":

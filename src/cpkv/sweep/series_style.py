@@ -80,7 +80,7 @@ def _order(value) -> tuple:
 
 
 def _mix(rgb, other: float, t: float) -> tuple[float, float, float]:
-    return tuple(c + (other - c) * t for c in rgb)  # type: ignore[return-value]
+    return tuple(c + (other - c) * t for c in rgb)
 
 
 def shades(rgb, n: int) -> list[tuple[float, float, float]]:
