@@ -167,7 +167,7 @@ def check_name(name: object, allowed: tuple[str, ...], what: str) -> str:
     "cp_strategy")`` -> ``cp_strategy 'ring' is unknown; use one of zigzag, interleave or all``."""
     if name not in allowed:
         raise ConfigError(f"{what} {name!r} is unknown; use one of {', '.join(allowed)} or all")
-    return name  # type: ignore[return-value]
+    return name
 
 
 def expand_all(names: list[str] | tuple[str, ...], allowed: tuple[str, ...], what: str) -> list[str]:

@@ -81,7 +81,7 @@ class Setting:
             return str(value)
         if self.kind in (int, float):
             try:
-                value = self.kind(value)
+                value = self.kind(value)  # type: ignore[call-overload,arg-type]
             except (TypeError, ValueError):
                 raise InputError(f"{value!r} is not a valid {self.type_name}.") from None
         elif self.kind is bool and not isinstance(value, bool):
