@@ -6,8 +6,8 @@ The ownership contract of ``PrefixCache`` (its module docstring) as code, for ev
 1. ``RequestFlow.start``: match the longest cached prefix of the prompt (at least one token is left to
    compute), load a host-tier part back on its recorded owner lanes (C-RELOAD), lock it (C-LOCK); the
    request's ``req_to_token`` row starts with the prefix's slots;
-2. ``RequestKV.take``: each step appends the slots the allocation gave the request (its slice of
-   ``out_cache_loc``) and the pages it took, which are the request's own until the tree holds them;
+2. ``RequestKV.take``: each step appends the slots the allocation gave the request (its part of the batch,
+   ``request_part``) and the pages it took, which are the request's own until the tree holds them;
 3. ``RequestKV.share`` (optional, after any step): hand the full pages computed so far to the tree and hold
    them through the new lock (a duplicate page is freed by the cache, the row switches to the tree's);
 4. ``RequestKV.finish``: hand the full pages to the tree, unlock, free the pages it still holds on its own
@@ -92,9 +92,20 @@ class RequestKV:
         """Pages it holds on its own (not the tree's)."""
         return sum(p.shape[0] for p in self.own_pages)
 
-    def take(self, slots: np.ndarray, new_pages: np.ndarray) -> None:
-        """Append a step's ``slots`` (int64 ``[n]``, positions ``length .. length + n - 1``) and the pages it
-        took for them (int64 ``[m]``, position order)."""
+    def take(
+        self, allocation, i: int, tokens: int | None = None, pages: int | None = None, *, host_slots=None
+    ) -> int:
+        """Append request ``i``'s part of a step's batch ``allocation`` (``request_part``): its slots, for
+        positions ``length ..``, and the new pages it took, in position order. ``tokens`` / ``pages``: keep only
+        the first so many of them (speculative decode keeps the accepted prefix; the other pages went back
+        through ``release_tail``). ``host_slots``: as for ``request_part``. Returns the positions appended.
+        Example: a decode step's ``take(a, 2)`` appends request 2's one slot (and its page, when the slot
+        starts one) and returns 1."""
+        slots, new_pages = request_part(allocation, i, host_slots)
+        if tokens is not None:
+            slots = slots[:tokens]
+        if pages is not None:
+            new_pages = new_pages[:pages]
         n = slots.shape[0]
         if self.length + n > self.slots.shape[0]:  # past the capacity given at start (decode steps): grow
             grown = np.empty(max(2 * self.slots.shape[0], self.length + n), dtype=_I64)
@@ -104,6 +115,7 @@ class RequestKV:
         self.length += n
         if new_pages.shape[0]:
             self.own_pages.append(new_pages)
+        return n
 
     def share(self, token_ids) -> None:
         """Hand the full pages of its first ``len(token_ids)`` positions (``token_ids``: their ids, a sequence
@@ -155,3 +167,16 @@ class RequestKV:
         self.own_pages = []
         if own:
             self.flow.allocator.free(np.concatenate(own) if len(own) > 1 else own[0])
+
+
+def request_part(allocation, i: int, host_slots: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Request ``i``'s part of a batch ``allocation`` (``ExtendAllocation``), as views: its slots, int64
+    ``[E_i]`` (``out_cache_loc`` from ``plan.extend_indptr[i]`` to ``[i + 1]``), and its new pages, int64
+    ``[m_i]`` (``new_pages`` from ``plan.page_indptr[i]`` to ``[i + 1]``). ``host_slots``: the batch's
+    ``out_cache_loc`` already on the host (one copy from a device for the whole batch); default
+    ``allocation.out_cache_loc_cpu``. Example: E = [3, 1] from prefix 0 at P = 2: request 1's part is the
+    last slot and the last page."""
+    plan = allocation.plan
+    ind, page_ind = plan.extend_indptr, plan.page_indptr
+    out = allocation.out_cache_loc_cpu if host_slots is None else host_slots
+    return out[ind[i] : ind[i + 1]], allocation.new_pages[page_ind[i] : page_ind[i + 1]]

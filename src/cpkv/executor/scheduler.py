@@ -144,12 +144,11 @@ class ReplicatedScheduler:
                 )
         last = np.asarray([self.kv[x].last_loc for x in rids.tolist()], _I64)
         alloc = self._alloc(L0, ends - L0, last)
-        loc = alloc.out_cache_loc.cpu().numpy()
-        indptr, page_indptr = alloc.plan.extend_indptr, alloc.plan.page_indptr
+        loc = alloc.out_cache_loc.cpu().numpy()  # one copy from the device for the batch
         slots, tokens, positions = [], [], []
         for i, rid in enumerate(rids.tolist()):
             kv = self.kv[rid]
-            kv.take(loc[indptr[i] : indptr[i + 1]], alloc.new_pages[page_indptr[i] : page_indptr[i + 1]])
+            kv.take(alloc, i, host_slots=loc)
             slots.append(torch.from_numpy(kv.row.copy()).to(self.device))
             tokens.append(np.asarray(self.workload.requests[rid][L0[i] : ends[i]], dtype=_I64))
             positions.append(np.arange(L0[i], ends[i], dtype=_I64))
@@ -202,11 +201,10 @@ class ReplicatedScheduler:
         kvs = [self.kv[rid] for rid in rids.tolist()]
         seq = np.asarray([kv.length for kv in kvs], dtype=_I64)
         alloc = self._alloc(seq, None, np.asarray([kv.last_loc for kv in kvs], dtype=_I64))
-        loc = alloc.out_cache_loc.cpu().numpy()
-        page_indptr = alloc.plan.page_indptr
+        loc = alloc.out_cache_loc.cpu().numpy()  # one copy from the device for the batch
         slots = []
         for i, (rid, kv) in enumerate(zip(rids.tolist(), kvs, strict=True)):
-            kv.take(loc[i : i + 1], alloc.new_pages[page_indptr[i] : page_indptr[i + 1]])
+            kv.take(alloc, i, host_slots=loc)
             self.generated.setdefault(rid, []).append(int(tokens[i]))
             slots.append(torch.from_numpy(kv.row.copy()).to(self.device))
         return ForwardBatch(

@@ -33,8 +33,9 @@ from ..policy import follows_free_pages
 from .admission import Fit, StepBuilder
 from .config import SimConfig
 from .cost import step_cost
+from .counters import ReplayCounters
 from .metrics import StepRecorder, livelock_finding, policy_metrics
-from .rejection import budget_reason, lane_reason, pool_reason
+from .rejection import Rejection, budget_reason, lane_reason, pool_reason
 from .report import PolicyResult
 from .reservation import pages_to_finish, reservation_short
 from .running import RunningRequest
@@ -62,7 +63,7 @@ def _rare_collections() -> Iterator[None]:
 
 
 class PolicyRun:
-    """State of one policy's replay (counters are per run; nothing is global).
+    """State of one policy's replay (``counters``, a ``ReplayCounters``, are per run; nothing is global).
 
     Args:
         config: the ``SimConfig``. policy: ``rotation`` | ``legacy`` | ``balanced``.
@@ -100,17 +101,7 @@ class PolicyRun:
         self.waiting: list[Request] = []  # arrived, not admitted, in arrival order
         self.running: list[RunningRequest] = []
         self.decoding: list[RunningRequest] = []
-        self.ttft_ms: list[float] = []
-        self.rejections: dict[int, str] = {}
-        self.finished = 0
-        self.prefill_tokens = 0
-        self.cache_hit_tokens = 0
-        self.owner_lane_exhausted = 0
-        self.logits_budget_cuts = 0
-        self.logits_peak = 0
-        self.last_short_lane = -1
-        self.livelock: dict | None = None
-        self.retractions = 0
+        self.counters = ReplayCounters(len(requests))
         self._redo: dict[int, int] = {}  # req_id -> output tokens a retracted request had emitted
         self._hold_admission = False  # after a retraction, until an admitted request advances
         self._tokens: dict[int, np.ndarray] = {}  # token ids of waiting requests already tried
@@ -127,21 +118,24 @@ class PolicyRun:
     def _loop(self, on_progress: Callable[[int], None] | None) -> None:
         arrivals = deque(self.requests)
         stalled = 0
+        c = self.counters
         while arrivals or self.waiting or self.running or self.decoding:
             if not (self.waiting or self.running or self.decoding) and arrivals[0].arrival_ms > self.now_ms:
                 self.now_ms = arrivals[0].arrival_ms  # idle until the next arrival
             while arrivals and arrivals[0].arrival_ms <= self.now_ms:
                 self.waiting.append(arrivals.popleft())
-            before = self.finished + len(self.rejections), self.retractions
+            before = c.finished + len(c.rejections), c.retractions
             progressed = self._step()
-            if on_progress is not None and self.finished + len(self.rejections) != before[0]:
-                on_progress(self.finished + len(self.rejections))
-            if progressed or self.finished + len(self.rejections) != before[0]:
+            if on_progress is not None and c.finished + len(c.rejections) != before[0]:
+                on_progress(c.finished + len(c.rejections))
+            if progressed or c.finished + len(c.rejections) != before[0]:
                 stalled = 0
-            elif self.retractions == before[1]:  # a retraction is neither progress nor a stall
+            elif c.retractions == before[1]:  # a retraction is neither progress nor a stall
                 stalled += 1
             if stalled >= self.cfg.livelock_steps:
-                self.livelock = livelock_finding(self, stalled)
+                blocked = [r.req.req_id for r in self.running + self.decoding]
+                free = self.alloc.free_pages_per_lane()
+                c.livelock = livelock_finding(c, blocked, len(self.waiting), free, stalled)
                 break
 
     # ------------------------------------------------------------------------------------------ step
@@ -149,7 +143,7 @@ class PolicyRun:
         """Run one step; True when any request advanced (prefill or decode)."""
         b = self.builder
         b.reset()
-        for fit in b.add_many([(r, r.done, r.remaining, r.last_loc) for r in self.running]):
+        for fit in b.add_many([(r, r.kv.length, r.remaining, r.kv.last_loc) for r in self.running]):
             self._note(fit)  # (a prompt whose last token alone is over the logits budget was never admitted)
         self._admit()
         batch = b.commit()
@@ -158,7 +152,7 @@ class PolicyRun:
         kv_ms = self.storage.step_traffic([r.slots for r in batch[0]], batch[1]) if batch is not None else 0.0
         self.now_ms += self.cost.overhead_ms + float(work.max()) + kv_ms
         if batch is not None:
-            self.logits_peak = max(self.logits_peak, int(batch[2].max()))
+            self.counters.logits_peak = max(self.counters.logits_peak, int(batch[2].max()))
             self._advance(*batch[:2])
         elif decode is None and (self.running or self.decoding):
             self._unblock(min(self.running + self.decoding, key=lambda r: r.req.req_id))
@@ -171,10 +165,10 @@ class PolicyRun:
     def _note(self, fit: Fit) -> Fit:
         """Count what cut a chunk: the logits budget, or a lane without free or evictable pages."""
         if fit.cut == "logits_budget":
-            self.logits_budget_cuts += 1
+            self.counters.logits_budget_cuts += 1
         elif fit.cut == "lane" and not fit.tokens:
-            self.owner_lane_exhausted += 1
-            self.last_short_lane = fit.lane
+            self.counters.owner_lane_exhausted += 1
+            self.counters.last_short_lane = fit.lane
         return fit
 
     # ------------------------------------------------------------------------------------- admission
@@ -206,7 +200,7 @@ class PolicyRun:
             pages_left = [self._pages_left(r) for r in (*others, run)]  # room: re-read by _start's lock
             short = reservation_short(self.policy, pages_left, self.builder.room, per_lane=False)  # the total
             fit = (
-                self._note(self.builder.add(run, run.done, run.remaining, run.last_loc))
+                self._note(self.builder.add(run, run.kv.length, run.remaining, run.kv.last_loc))
                 if not short
                 else None
             )
@@ -219,7 +213,7 @@ class PolicyRun:
                 del self.waiting[i]
                 self._tokens.pop(req.req_id, None)
                 self.running.append(run)
-                self.cache_hit_tokens += run.done
+                self.counters.cache_hit_tokens += run.kv.length
                 self.storage.admitted(run)
                 continue
             run.kv.release()
@@ -244,9 +238,7 @@ class PolicyRun:
         pages (its pages left after its chunk of this step) as even shares."""
         chunk = self.builder.chunks()
         P = self.storage.page_size
-        left = [
-            pages_to_finish(self._kv_tokens(r.req), r.done + r.decoded + chunk.get(r, 0), P) for r in admitted
-        ]
+        left = [pages_to_finish(self._kv_tokens(r.req), r.kv.length + chunk.get(r, 0), P) for r in admitted]
         return reservation_short(self.policy, left, self.builder.room, self.builder.placed_pages())
 
     def _total_room_for(self, req: Request) -> bool:
@@ -273,7 +265,7 @@ class PolicyRun:
             tokens[:-1], req.input_length + req.output_length
         )  # at least one token is computed
         self.builder.refresh_room()
-        return RunningRequest(req, tokens, kv, kv.length, redo=self._redo.get(req.req_id, 0))
+        return RunningRequest(req, tokens, kv, redo=self._redo.get(req.req_id, 0))
 
     def _kv_tokens(self, req: Request) -> int:
         """KV slots ``req`` holds at its peak, the figure admission and reservations use: its prompt; with
@@ -284,30 +276,25 @@ class PolicyRun:
         return req.input_length + req.output_length + (self.cfg.spec_draft_tokens - 1 if self.spec else 0)
 
     def _pages_left(self, r: RunningRequest) -> int:
-        return pages_to_finish(self._kv_tokens(r.req), r.done + r.decoded, self.storage.page_size)
+        return pages_to_finish(self._kv_tokens(r.req), r.kv.length, self.storage.page_size)
 
     # --------------------------------------------------------------------------------------- advance
     def _advance(self, batch: list[RunningRequest], alloc) -> None:
-        out = alloc.out_cache_loc_cpu
-        indptr = alloc.plan.extend_indptr
-        page_indptr = alloc.plan.page_indptr
+        c = self.counters
         for i, r in enumerate(batch):
-            n = int(indptr[i + 1] - indptr[i])
-            r.kv.take(out[indptr[i] : indptr[i + 1]], alloc.new_pages[page_indptr[i] : page_indptr[i + 1]])
-            r.done += n
-            self.prefill_tokens += n
+            c.prefill_tokens += r.kv.take(alloc, i)
             if r.remaining == 0:
                 if r.req.req_id in self._redo:  # retracted while decoding: its first token was out already
                     del self._redo[r.req.req_id]
-                    r.done, r.decoded = r.req.input_length, r.redo
+                    r.decoded = r.redo  # the output positions it prefilled again
                 else:
-                    self.ttft_ms.append(self.now_ms - r.req.arrival_ms)
+                    c.ttft_ms.append(self.now_ms - r.req.arrival_ms)
                 self.running.remove(r)
                 if self.cfg.colocated_decode and r.req.output_length > 0:
                     self.decoding.append(r)
                 else:
                     self._retire(r, r.req.input_length)
-                    self.finished += 1
+                    c.finished += 1
 
     def _decode_step(self) -> BatchPlan | None:
         """One decode step of every decoding request whose slots fit: one token each (``alloc_extend`` with
@@ -317,8 +304,8 @@ class PolicyRun:
         (its tokens per rank are the verify pass's with MTP), or None when none advanced."""
         b = self.decode_builder
         k = b.config.chunk_size
-        seqs = [r.req.input_length + r.decoded for r in self.decoding]
-        lasts = [int(r.slots[s - 1]) for r, s in zip(self.decoding, seqs, strict=True)]
+        seqs = [r.kv.length for r in self.decoding]  # its prompt and the output decoded so far
+        lasts = [r.kv.last_loc for r in self.decoding]
         try:  # fast path: every request's slots fit in free pages (the builder would plan the same batch)
             batch = list(self.decoding)
             a = (
@@ -338,20 +325,17 @@ class PolicyRun:
             batch, a, _ = out
             if self.spec:
                 self.spec.count_draft(a)
-        seq = [r.req.input_length + r.decoded for r in batch]
+        seq = [r.kv.length for r in batch]
+        kept = None  # all of each request's slots and pages, or with MTP what verification kept
         if self.spec:
             left = [r.req.output_length - r.decoded for r in batch]
             kept = self.spec.verify(a, [r.req.req_id for r in batch], seq, left, [r.slots for r in batch])
-        else:
-            slots, ind = a.out_cache_loc_cpu, a.plan.page_indptr
-            kept = [(slots[i : i + 1], a.new_pages[ind[i] : ind[i + 1]]) for i in range(len(batch))]
-        for r, (slots, pages) in zip(batch, kept, strict=True):
-            r.kv.take(slots, pages)
-            r.decoded += slots.shape[0]
+        for i, r in enumerate(batch):
+            r.decoded += r.kv.take(a, i, *kept[i]) if kept else r.kv.take(a, i)
             if r.decoded == r.req.output_length:
                 self.decoding.remove(r)
                 self._retire(r, r.req.input_length)
-                self.finished += 1
+                self.counters.finished += 1
         return a.plan
 
     def leaked_pages(self) -> int:
@@ -366,23 +350,24 @@ class PolicyRun:
         r.kv.finish(r.token_ids[:n])
 
     # ------------------------------------------------------------------------------------- rejection
-    def _reject(self, r: RunningRequest, reason: str) -> None:
+    def _reject(self, r: RunningRequest, reason: Rejection) -> None:
         """Stop an admitted request for good: its computed prompt pages go to the cache, the rest is freed."""
-        (self.running if r in self.running else self.decoding).remove(r)
-        self._retire(r, r.done)
-        self.rejections[r.req.req_id] = reason
+        prefilling = r in self.running
+        (self.running if prefilling else self.decoding).remove(r)
+        self._retire(r, r.kv.length if prefilling else r.req.input_length)  # its positions with prompt KV
+        self.counters.rejections[r.req.req_id] = reason
         self.builder.refresh_room()
 
-    def _drop_waiting(self, i: int, reason: str) -> None:
+    def _drop_waiting(self, i: int, reason: Rejection) -> None:
         req = self.waiting.pop(i)
         self._tokens.pop(req.req_id, None)
-        self.rejections[req.req_id] = reason
+        self.counters.rejections[req.req_id] = reason
 
     def _unblock(self, oldest: RunningRequest) -> None:
         """In a step where nothing advanced: reject the oldest admitted request if it could not run even
         with every other page of the pool free (its policy puts its next chunk, or its decode step's
         slots, on a lane full of its own pages), else retract the youngest decoding request."""
-        kv = oldest.done + oldest.decoded  # tokens whose KV exists (prompt, then decode)
+        kv = oldest.kv.length  # tokens whose KV exists (prompt, then decode)
         held = np.unique(oldest.slots[:kv] // self.storage.page_size) if kv else np.zeros(0, _I64)
         last_page = int(oldest.slots[kv - 1]) // self.storage.page_size if kv else -1
         step = (
@@ -410,14 +395,13 @@ class PolicyRun:
         self._redo[r.req.req_id] = r.decoded
         at = next((i for i, w in enumerate(self.waiting) if w.req_id > r.req.req_id), len(self.waiting))
         self.waiting.insert(at, r.req)
-        self.retractions += 1
+        self.counters.retractions += 1
         self._hold_admission = True
         self.builder.refresh_room()
 
     # --------------------------------------------------------------------------------------- results
     def _result(self, wall_s: float) -> PolicyResult:
-        used = self.rec.used()
-        ttft = np.asarray(self.ttft_ms, dtype=np.float64)  # [finished requests], ms
-        return PolicyResult(
-            self.storage.label, policy_metrics(self, used, wall_s), self.rec.times(), used, ttft
-        )
+        c = self.counters
+        metrics = policy_metrics(self.cfg, c, self.rec, self.storage, self.spec, self.leaked_pages(), wall_s)
+        ttft = np.asarray(c.ttft_ms, dtype=np.float64)  # [finished requests], ms
+        return PolicyResult(self.storage.label, metrics, self.rec.times(), self.rec.used(), ttft)

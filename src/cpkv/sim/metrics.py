@@ -1,11 +1,107 @@
-"""Per-step recording and the report metrics of SPEC section 11 (defined in ``docs/metrics.md``): the
-``StepRecorder``, the metric formulas, and ``policy_metrics``, the metrics of one policy's replay."""
+"""The report metrics of SPEC section 11 (defined in ``docs/metrics.md``): the ``METRICS`` table that names
+each one once, the ``StepRecorder``, the metric formulas, and ``policy_metrics``, the metrics of one policy's
+replay."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
+
+from .counters import ReplayCounters
+
+CORE, SPEC, STORAGE, RUN = "core", "spec", "storage", "run"
+"""Who fills a metric: ``policy_metrics`` (core), ``SpecDecoder.metrics`` (spec, with ``--spec-draft-tokens``),
+``KVStorage.metrics`` (storage), ``sim.runner.simulate`` (run: the replay's label)."""
+
+SUM, MAX, ANY, SAME, LANES_MAX, LANES_SUM = "sum", "max", "any", "same", "lanes-max", "lanes-sum"
+COUNTS, MERGED, PER_GROUP = "counts", "merged", "per-group"
+"""Rules that combine a metric over a sweep point's groups (``sweep.groups.RULES`` says what each does); the
+others are tuples: ``("pooled", q)``, ``("weighted", metric)``, ``("ratio", a, b)``."""
+
+
+class Metric(NamedTuple):
+    """One metric of ``report.json``: ``name``; ``group`` (``CORE`` | ``SPEC`` | ``STORAGE`` | ``RUN``: who
+    fills it); ``combine`` (its rule over a sweep point's groups, ``sweep.groups.RULES``); ``unit`` (as
+    docs/metrics.md's table writes it); ``column``: the section of the side-by-side table and
+    ``summary.csv`` that shows it (``CORE``: always, ``SPEC``: with speculative decode, ``STORAGE``: when
+    designs are compared; None: ``report.json`` only). Its definition is its row in docs/metrics.md's
+    metric table of its group (``tests/unit/sim/test_metric_table.py`` holds the two together)."""
+
+    name: str
+    group: str
+    combine: object
+    unit: str
+    column: str | None
+
+
+METRICS: tuple[Metric, ...] = (
+    # the side-by-side table's and summary.csv's rows, in order (REPORT_FIELDS)
+    Metric("requests_total", CORE, SUM, "requests", CORE),
+    Metric("requests_finished", CORE, SUM, "requests", CORE),
+    Metric("requests_rejected", CORE, SUM, "requests", CORE),
+    Metric("requests_unfinished", CORE, SUM, "requests", CORE),
+    Metric("prefill_tokens", CORE, SUM, "tokens", CORE),
+    Metric("cache_hit_tokens", CORE, SUM, "tokens", CORE),
+    Metric("lane_pages_peak", CORE, LANES_MAX, "pages", CORE),
+    Metric("lane_imbalance_peak", CORE, MAX, "ratio", CORE),
+    Metric("lane_imbalance_mean", CORE, MAX, "ratio", CORE),
+    Metric("compute_imbalance", CORE, MAX, "ratio", CORE),
+    Metric("compute_imbalance_mean", CORE, MAX, "ratio", CORE),
+    Metric("owner_lane_exhausted", CORE, SUM, "events", CORE),
+    Metric("load_back_owner_lane_capacity_failed", CORE, SUM, "events", CORE),
+    Metric("evicted_pages", CORE, SUM, "pages", CORE),
+    Metric("livelock_detected", CORE, ANY, "bool", CORE),
+    Metric("retractions", CORE, SUM, "events", CORE),
+    Metric("ttft_ms_p50", CORE, ("pooled", 50), "ms", CORE),
+    Metric("ttft_ms_p99", CORE, ("pooled", 99), "ms", CORE),
+    Metric("slo_attainment", CORE, ("weighted", "requests_total"), "ratio", CORE),
+    Metric("mqa_logits_peak_elements", CORE, MAX, "elements", CORE),
+    Metric("logits_budget_elements", CORE, SAME, "elements", CORE),
+    Metric("logits_budget_cuts", CORE, SUM, "chunks", CORE),
+    Metric("sim_wall_s", CORE, SUM, "s", CORE),
+    # report.json only
+    Metric("steps", CORE, SUM, "steps", None),
+    Metric("sim_time_ms", CORE, MAX, "ms", None),
+    Metric("load_back_pages", CORE, SUM, "pages", None),
+    Metric("host_backups", CORE, SUM, "pages", None),
+    Metric("rejection_reasons", CORE, COUNTS, "requests", None),
+    Metric("rejections", CORE, MERGED, "-", None),
+    Metric("livelock", CORE, PER_GROUP, "-", None),
+    # shown with speculative decode (SPEC_DECODE_FIELDS): the leak check, then the drafts' figures
+    Metric("leaked_pages", CORE, SUM, "pages", SPEC),
+    Metric("spec_verify_steps", SPEC, SUM, "steps", None),
+    Metric("spec_accept_length", SPEC, ("weighted", "spec_verify_steps"), "tokens", SPEC),
+    Metric("spec_accepted_drafts_per_step", SPEC, ("weighted", "spec_verify_steps"), "tokens", SPEC),
+    Metric("draft_pages_allocated", SPEC, SUM, "pages", SPEC),
+    Metric("draft_pages_released", SPEC, SUM, "pages", SPEC),
+    Metric("draft_pages_per_lane", SPEC, LANES_SUM, "pages", SPEC),
+    Metric("draft_lane_imbalance", SPEC, MAX, "ratio", SPEC),
+    # the KV storage design's (STORAGE_FIELDS)
+    Metric("kv_storage", STORAGE, SAME, "-", STORAGE),
+    Metric("kv_capacity_tokens", STORAGE, SUM, "tokens", STORAGE),
+    Metric("cache_hit_rate", STORAGE, ("ratio", "cache_hit_tokens", "prefill_tokens"), "ratio", STORAGE),
+    Metric("prefill_tokens_recomputed", STORAGE, SUM, "tokens", STORAGE),
+    Metric("kv_allgather_bytes_per_rank", STORAGE, MAX, "bytes", STORAGE),
+    Metric("kv_remote_read_bytes_per_rank", STORAGE, MAX, "bytes", STORAGE),
+    Metric("kv_comm_ms", STORAGE, MAX, "ms", STORAGE),
+    Metric("kv_comm_exposed_ms", STORAGE, MAX, "ms", STORAGE),
+    # the runner's label of the replay
+    Metric("cp_strategy", RUN, SAME, "-", None),
+)
+"""Every metric of ``report.json``, each once (docs/metrics.md defines them). Adding a metric: one entry
+here, its row in docs/metrics.md, and the code that fills it (the dict of its ``group``)."""
+
+
+def metric_names(*, group: str | None = None, column: str | None = None) -> tuple[str, ...]:
+    """Names of ``METRICS`` of ``group`` and/or shown in ``column``, in table order (both None: all).
+    Example: ``metric_names(column=STORAGE)[0]`` -> ``"kv_storage"``."""
+    return tuple(
+        m.name
+        for m in METRICS
+        if (group is None or m.group == group) and (column is None or m.column == column)
+    )
 
 
 class StepRecorder:
@@ -33,6 +129,11 @@ class StepRecorder:
     def num_steps(self) -> int:
         """Steps recorded so far."""
         return len(self._time)
+
+    @property
+    def end_ms(self) -> float:
+        """Simulated time at the end of the last step recorded, ms (0.0 before any step)."""
+        return self._time[-1] if self._time else 0.0
 
     def used(self) -> np.ndarray:
         """``[steps, C]`` int32 used pages per lane after each step."""
@@ -138,66 +239,86 @@ def slo_attainment(values: Sequence[float], total: int, slo_ms: float | None) ->
     return int(np.count_nonzero(np.asarray(values, dtype=np.float64) <= slo_ms)) / total
 
 
-def policy_metrics(run, used: np.ndarray, wall_s: float) -> dict:
-    """The report metrics of one finished replay (docs/metrics.md; ``sim_wall_s`` is ``wall_s`` rounded).
+def policy_metrics(
+    config,
+    counters: ReplayCounters,
+    recorder: StepRecorder,
+    storage,
+    drafts,
+    leaked_pages: int,
+    wall_s: float,
+) -> dict:
+    """The report metrics of one finished replay, in ``report.json``'s order (docs/metrics.md; the ``CORE``
+    metrics of ``METRICS``, then ``drafts.metrics()`` and ``storage.metrics(counters)`` spliced in).
 
-    ``run``: the ``sim.engine.PolicyRun`` (its counters, recorder, allocator, prefix cache, speculative
-    decoder and KV storage design are read, nothing is changed); ``used``: its recorder's ``used()`` pages per
-    step. Page counts of the cache are in pages of P tokens (a virtual block of ``interleaved-vblock`` is C).
+    Args:
+        config: the replay's ``SimConfig``. counters: its ``ReplayCounters``. recorder: its ``StepRecorder``.
+        storage: its ``KVStorage`` design (the prefix cache's counters are read, nothing is changed).
+        drafts: its ``SpecDecoder``, or None without speculative decode. leaked_pages: pages in use that
+            neither the cache nor a live request holds. wall_s: seconds the replay took (``sim_wall_s``,
+            rounded to ms).
+
+    Page counts of the cache are in pages of P tokens (a virtual block of ``interleaved-vblock`` is C).
     """
-    counters = run.cache.counters()
-    unit = run.storage.pages_per_unit  # pages of P tokens per page of the design's cache
+    c = counters
+    cache = storage.cache.counters()
+    unit = storage.pages_per_unit  # pages of P tokens per page of the design's cache
     reasons: dict[str, int] = {}
-    for why in run.rejections.values():
-        code = why.split(":", 1)[0]
-        reasons[code] = reasons.get(code, 0) + 1
-    work = run.rec.work()
+    for why in c.rejections.values():
+        reasons[why.code] = reasons.get(why.code, 0) + 1
+    work = recorder.work()
+    unfinished = c.requests - len(c.ttft_ms)
     return {
-        "requests_total": len(run.requests),
-        "requests_finished": run.finished,
-        "requests_rejected": len(run.rejections),
-        "prefill_tokens": run.prefill_tokens,
-        "cache_hit_tokens": run.cache_hit_tokens,
-        **lane_metrics(used, run.cfg.lane_capacities),
+        "requests_total": c.requests,
+        "requests_finished": c.finished,
+        "requests_rejected": len(c.rejections),
+        "prefill_tokens": c.prefill_tokens,
+        "cache_hit_tokens": c.cache_hit_tokens,
+        **lane_metrics(recorder.used(), config.lane_capacities),
         "compute_imbalance": compute_imbalance(work),
         "compute_imbalance_mean": compute_imbalance_mean(work),
-        "owner_lane_exhausted": run.owner_lane_exhausted,
-        "load_back_owner_lane_capacity_failed": counters["load_back_owner_lane_capacity_failed"],
-        "evicted_pages": int(sum(counters["evicted_pages"])) * unit,
-        "livelock_detected": run.livelock is not None,
-        "requests_unfinished": len(run.requests) - len(run.ttft_ms),
-        "ttft_ms_p50": percentile_ms(run.ttft_ms, 50, len(run.requests) - len(run.ttft_ms)),
-        "ttft_ms_p99": percentile_ms(run.ttft_ms, 99, len(run.requests) - len(run.ttft_ms)),
-        "slo_attainment": slo_attainment(run.ttft_ms, len(run.requests), run.cfg.ttft_slo_ms),
-        "mqa_logits_peak_elements": run.logits_peak,
-        "logits_budget_elements": run.cfg.logits_budget_elements,
-        "logits_budget_cuts": run.logits_budget_cuts,
+        "owner_lane_exhausted": c.owner_lane_exhausted,
+        "load_back_owner_lane_capacity_failed": cache["load_back_owner_lane_capacity_failed"],
+        "evicted_pages": int(sum(cache["evicted_pages"])) * unit,
+        "livelock_detected": c.livelock is not None,
+        "requests_unfinished": unfinished,
+        "ttft_ms_p50": percentile_ms(c.ttft_ms, 50, unfinished),
+        "ttft_ms_p99": percentile_ms(c.ttft_ms, 99, unfinished),
+        "slo_attainment": slo_attainment(c.ttft_ms, c.requests, config.ttft_slo_ms),
+        "mqa_logits_peak_elements": c.logits_peak,
+        "logits_budget_elements": config.logits_budget_elements,
+        "logits_budget_cuts": c.logits_budget_cuts,
         "sim_wall_s": round(wall_s, 3),
-        "steps": run.rec.num_steps,
-        "sim_time_ms": run.now_ms,
-        "leaked_pages": run.leaked_pages(),
-        "retractions": run.retractions,
-        **(run.spec.metrics() if run.spec else {}),
-        "load_back_pages": counters["load_backs"] * unit,
-        "host_backups": counters["backups"] * unit,
+        "steps": recorder.num_steps,
+        "sim_time_ms": recorder.end_ms,
+        "leaked_pages": leaked_pages,
+        "retractions": c.retractions,
+        **(drafts.metrics() if drafts else {}),
+        "load_back_pages": cache["load_backs"] * unit,
+        "host_backups": cache["backups"] * unit,
         "rejection_reasons": dict(sorted(reasons.items())),
-        "livelock": run.livelock,
-        "rejections": {str(k): v for k, v in sorted(run.rejections.items())[:100]},
-        **run.storage.metrics(run),
+        "livelock": c.livelock,
+        "rejections": {str(k): str(v) for k, v in sorted(c.rejections.items())[:100]},
+        **storage.metrics(counters),
     }
 
 
-def livelock_finding(run, stalled: int) -> dict:
+def livelock_finding(
+    counters: ReplayCounters,
+    blocked: Sequence[int],
+    waiting: int,
+    free_pages_per_lane: np.ndarray,
+    stalled: int,
+) -> dict:
     """``report.json``'s ``livelock`` of a replay stopped after ``stalled`` steps without progress: the lane
-    last short, the blocked (admitted) and waiting requests, free pages per lane, failure counts (``run``: a
-    ``PolicyRun``, read only)."""
-    blocked = [r.req.req_id for r in run.running + run.decoding]
+    last short (``counters.last_short_lane``), the ``blocked`` (admitted) requests' ids, the count of
+    ``waiting`` ones, ``free_pages_per_lane`` (int ``[C]``), failure counts."""
     return {
-        "lane": run.last_short_lane,
+        "lane": counters.last_short_lane,
         "stalled_steps": stalled,
-        "blocked_requests": blocked[:32],
+        "blocked_requests": list(blocked[:32]),
         "blocked_count": len(blocked),
-        "waiting_count": len(run.waiting),
-        "free_pages_per_lane": run.alloc.free_pages_per_lane().tolist(),
-        "owner_lane_exhausted": run.owner_lane_exhausted,
+        "waiting_count": waiting,
+        "free_pages_per_lane": free_pages_per_lane.tolist(),
+        "owner_lane_exhausted": counters.owner_lane_exhausted,
     }

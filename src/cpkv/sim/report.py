@@ -20,55 +20,16 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CpkvError
+from .metrics import CORE, SPEC, STORAGE, metric_names
 
-REPORT_FIELDS = (
-    "requests_total",
-    "requests_finished",
-    "requests_rejected",
-    "requests_unfinished",
-    "prefill_tokens",
-    "cache_hit_tokens",
-    "lane_pages_peak",
-    "lane_imbalance_peak",
-    "lane_imbalance_mean",
-    "compute_imbalance",
-    "compute_imbalance_mean",
-    "owner_lane_exhausted",
-    "load_back_owner_lane_capacity_failed",
-    "evicted_pages",
-    "livelock_detected",
-    "retractions",
-    "ttft_ms_p50",
-    "ttft_ms_p99",
-    "slo_attainment",
-    "mqa_logits_peak_elements",
-    "logits_budget_elements",
-    "logits_budget_cuts",
-    "sim_wall_s",
-)
-"""Metrics every policy's entry in ``report.json`` carries (formulas in docs/metrics.md)."""
+REPORT_FIELDS = metric_names(column=CORE)
+"""Metrics every policy's entry in ``report.json`` carries and the table and ``summary.csv`` show, in order
+(``sim.metrics.METRICS``; formulas in docs/metrics.md)."""
 
-SPEC_DECODE_FIELDS = (
-    "leaked_pages",
-    "spec_accept_length",
-    "spec_accepted_drafts_per_step",
-    "draft_pages_allocated",
-    "draft_pages_released",
-    "draft_pages_per_lane",
-    "draft_lane_imbalance",
-)
+SPEC_DECODE_FIELDS = metric_names(column=SPEC)
 """Also in the table and ``summary.csv`` when the run decoded speculatively (``--spec-draft-tokens``)."""
 
-STORAGE_FIELDS = (
-    "kv_storage",
-    "kv_capacity_tokens",
-    "cache_hit_rate",
-    "prefill_tokens_recomputed",
-    "kv_allgather_bytes_per_rank",
-    "kv_remote_read_bytes_per_rank",
-    "kv_comm_ms",
-    "kv_comm_exposed_ms",
-)
+STORAGE_FIELDS = metric_names(column=STORAGE)
 """Every entry of ``report.json`` carries them; also in the table and ``summary.csv`` when the run compares KV
 storage designs (``--kv-storage``, SPEC C-STORAGE; docs/metrics.md)."""
 

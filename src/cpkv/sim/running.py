@@ -13,30 +13,26 @@ from .trace import Request
 @dataclass(eq=False)
 class RunningRequest:
     """A request admitted to the group: its prompt, its KV (``cache.flow.RequestKV``: the ``req_to_token``
-    row, the lock on its cached prefix, its own pages) and progress (tokens).
+    row, the lock on its cached prefix, its own pages, and ``kv.length``, the positions whose KV exists:
+    cached prefix + computed, then the output positions decoded) and its decode progress (tokens).
 
-    ``done`` counts the positions whose KV exists while it prefills (cached prefix + computed); once its
-    prefill is over, ``done`` is its prompt and ``decoded`` its output positions with KV. A request a
-    retraction dropped while decoding comes back with ``redo`` emitted tokens to prefill after its prompt
-    (their KV was freed), then decodes the rest.
+    ``decoded`` counts its output positions with KV (0 while it prefills). A request a retraction dropped
+    while decoding comes back with ``redo`` emitted tokens to prefill after its prompt (their KV was freed),
+    then decodes the rest.
     """
 
     req: Request
     token_ids: np.ndarray  # [input_length] int64
     kv: RequestKV
-    done: int  # tokens whose KV exists (cached prefix + computed)
     decoded: int = 0
     redo: int = 0  # output tokens whose KV a retraction dropped: prefilled again after the prompt
 
     @property
     def slots(self) -> np.ndarray:
-        """``[input_length + output_length]`` int64 ``req_to_token`` row; ``[:done + decoded]`` is set."""
+        """``[input_length + output_length]`` int64 ``req_to_token`` row; ``[:kv.length]`` is set."""
         return self.kv.slots
 
     @property
     def remaining(self) -> int:
-        return self.req.input_length + self.redo - self.done
-
-    @property
-    def last_loc(self) -> int:
-        return int(self.kv.slots[self.done - 1]) if self.done else -1
+        """Tokens it still prefills (its prompt and ``redo``), while it prefills."""
+        return self.req.input_length + self.redo - self.kv.length

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..allocator import ExtendAllocation, OwnerLaneAllocator
+from ..cache.flow import request_part
 
 _I64 = np.int64
 
@@ -70,7 +71,7 @@ class SpecDecoder:
         seq_lens: Sequence[int],
         remaining: Sequence[int],
         rows: Sequence[np.ndarray],
-    ) -> list[tuple[np.ndarray, np.ndarray]]:
+    ) -> list[tuple[int, int]]:
         """Accept, keep and roll back each request of the step ``a`` allocated.
 
         Args:
@@ -79,29 +80,29 @@ class SpecDecoder:
             rows: ``[B]`` the requests' ``req_to_token`` rows (slot of every position ``< seq_len``).
 
         Returns:
-            Per request ``(slots, pages)``: int64 slots of the kept positions ``seq_len .. new_len - 1``
-            (``[new_len - seq_len]``, the tokens it emits) and the new pages it keeps; the other new pages
-            went back to their lanes through ``release_tail``.
+            Per request ``(tokens, pages)``: the positions ``seq_len .. new_len - 1`` it keeps (the tokens it
+            emits, the first of its K slots) and the new pages it keeps (the first of its new pages), the
+            counts ``RequestKV.take(a, i, tokens, pages)`` appends; the other new pages went back to their
+            lanes through ``release_tail``.
         """
         K, P = self.num_draft_tokens, self.alloc.config.page_size
-        out = a.out_cache_loc_cpu
-        indptr = a.plan.page_indptr
         kept = []
         for i, rid in enumerate(req_ids):
             accepted = self._accepted(int(rid))
             n = min(accepted + 1, int(remaining[i]))
-            new = a.new_pages[indptr[i] : indptr[i + 1]]
-            if n < K and new.shape[0]:  # only the step's new pages can start at or after new_len
-                pages = np.concatenate([rows[i][0 : seq_lens[i] : P] // P, new])  # position order
-                freed = self.alloc.release_tail(pages, seq_lens[i] + n)
-                new = new[: new.shape[0] - freed.shape[0]]
+            new = request_part(a, i)[1]
+            pages = new.shape[0]
+            if n < K and pages:  # only the step's new pages can start at or after new_len
+                held = np.concatenate([rows[i][0 : seq_lens[i] : P] // P, new])  # position order
+                freed = self.alloc.release_tail(held, seq_lens[i] + n)
+                pages -= freed.shape[0]
                 self.draft_pages_released += freed.shape[0]
             if n == remaining[i]:
                 self._rngs.pop(int(rid), None)  # the request finishes this step
             self.verify_steps += 1
             self.accepted_drafts += accepted
             self.kept_tokens += n
-            kept.append((out[i * K : i * K + n], new))
+            kept.append((n, pages))
         return kept
 
     def _accepted(self, req_id: int) -> int:

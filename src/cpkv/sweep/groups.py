@@ -15,7 +15,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..sim.metrics import percentile_ms
+from ..sim.metrics import (
+    ANY,
+    COUNTS,
+    LANES_MAX,
+    LANES_SUM,
+    MAX,
+    MERGED,
+    METRICS,
+    PER_GROUP,
+    SAME,
+    SUM,
+    percentile_ms,
+)
 
 ROUTINGS = ("round-robin", "prefix")
 """``round-robin``: request i (in arrival order) goes to group ``i % N``. ``prefix``: by a hash of the
@@ -28,66 +40,7 @@ with the same block (a shared system prompt), so one block would send every requ
 second block tells conversations apart (first 2,000 requests: 1,441 distinct first-two-block runs; at
 N = 4 the groups get 461 to 528 requests)."""
 
-_SUM, _MAX, _ANY, _SAME, _LANES_MAX, _LANES_SUM = "sum", "max", "any", "same", "lanes-max", "lanes-sum"
-RULES: dict[str, object] = {
-    **dict.fromkeys(
-        (
-            "requests_total",
-            "requests_finished",
-            "requests_rejected",
-            "prefill_tokens",
-            "cache_hit_tokens",
-            "owner_lane_exhausted",
-            "load_back_owner_lane_capacity_failed",
-            "evicted_pages",
-            "retractions",
-            "logits_budget_cuts",
-            "sim_wall_s",
-            "steps",
-            "leaked_pages",
-            "load_back_pages",
-            "host_backups",
-            "spec_verify_steps",
-            "draft_pages_allocated",
-            "draft_pages_released",
-            "prefill_tokens_recomputed",
-            "kv_capacity_tokens",
-            "requests_unfinished",
-        ),
-        _SUM,
-    ),
-    **dict.fromkeys(
-        (
-            "lane_imbalance_peak",
-            "lane_imbalance_mean",
-            "compute_imbalance",
-            "compute_imbalance_mean",
-            "mqa_logits_peak_elements",
-            "sim_time_ms",
-            "draft_lane_imbalance",
-            "kv_allgather_bytes_per_rank",
-            "kv_remote_read_bytes_per_rank",
-            "kv_comm_ms",
-            "kv_comm_exposed_ms",
-        ),
-        _MAX,
-    ),
-    "livelock_detected": _ANY,
-    "logits_budget_elements": _SAME,
-    "kv_storage": _SAME,
-    "cp_strategy": _SAME,
-    "cache_hit_rate": ("ratio", "cache_hit_tokens", "prefill_tokens"),
-    "lane_pages_peak": _LANES_MAX,
-    "draft_pages_per_lane": _LANES_SUM,
-    "ttft_ms_p50": ("pooled", 50),
-    "ttft_ms_p99": ("pooled", 99),
-    "slo_attainment": ("weighted", "requests_total"),
-    "spec_accept_length": ("weighted", "spec_verify_steps"),
-    "spec_accepted_drafts_per_step": ("weighted", "spec_verify_steps"),
-    "rejection_reasons": "counts",
-    "rejections": "merged",
-    "livelock": "per-group",
-}
+RULES: dict[str, object] = {m.name: m.combine for m in METRICS}
 """How each metric of ``cpkv simulate``'s report combines over groups: ``sum``; ``max`` (the worst group;
 None where every group has None); ``any``; ``same`` (one value for all); ``lanes-max`` / ``lanes-sum``
 (per lane, over groups); ``("pooled", q)``: the q-th percentile of every group's requests' TTFTs, the
@@ -95,7 +48,8 @@ unfinished ones (``requests_unfinished``) counted as later than all (``sim.metri
 when it falls on one); ``("weighted", n)``: the mean weighted by metric ``n``; ``counts``: dicts of counts added;
 ``merged``: the dicts merged (request ids are the trace's, unique); ``per-group``: ``{group: value}`` of
 the groups where it is not None; ``("ratio", a, b)``: ``sum a / (sum a + sum b)`` over the groups (the
-hit rate: cache-hit tokens over hit + computed). A metric without a rule fails the point (``combine``)."""
+hit rate: cache-hit tokens over hit + computed). A metric's rule is its ``combine`` in ``sim.metrics.METRICS``;
+the report's keys without one fail the point (``combine``)."""
 
 
 def split(requests: Sequence, groups: int, routing: str) -> list[tuple]:
@@ -150,33 +104,33 @@ def combine(metrics: Sequence[dict], ttft_ms: Sequence[np.ndarray]) -> dict:
 
 def _combine(rule, values: list, metrics: Sequence[dict], pooled: np.ndarray, unfinished: int = 0):
     present = [v for v in values if v is not None]
-    if rule == _SUM:
+    if rule == SUM:
         return sum(present)
-    if rule == _MAX:
+    if rule == MAX:
         return max(present) if present else None
-    if rule == _ANY:
+    if rule == ANY:
         return any(present)
-    if rule == _SAME:
+    if rule == SAME:
         return present[0] if present else None
-    if rule in (_LANES_MAX, _LANES_SUM):
+    if rule in (LANES_MAX, LANES_SUM):
         lanes = np.asarray(present)
-        return (lanes.max(axis=0) if rule == _LANES_MAX else lanes.sum(axis=0)).tolist()
+        return (lanes.max(axis=0) if rule == LANES_MAX else lanes.sum(axis=0)).tolist()
     if isinstance(rule, tuple) and rule[0] == "ratio":
         a = sum(m.get(rule[1]) or 0 for m in metrics)
         b = sum(m.get(rule[2]) or 0 for m in metrics)
         return a / (a + b) if a + b else None
-    if rule == "counts":
+    if rule == COUNTS:
         total: dict = {}
         for d in present:
             for k, n in d.items():
                 total[k] = total.get(k, 0) + n
         return dict(sorted(total.items()))
-    if rule == "merged":
+    if rule == MERGED:
         merged: dict = {}
         for d in present:
             merged.update(d)
         return dict(sorted(merged.items(), key=lambda kv: int(kv[0]))[:100])
-    if rule == "per-group":
+    if rule == PER_GROUP:
         return {str(g): v for g, v in enumerate(values) if v is not None} or None
     kind, arg = rule
     if kind == "pooled":

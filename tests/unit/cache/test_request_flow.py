@@ -6,7 +6,7 @@ import pytest
 
 from cpkv import CPConfig, OwnerLaneAllocator
 from cpkv.cache import PrefixCache
-from cpkv.cache.flow import RequestFlow
+from cpkv.cache.flow import RequestFlow, request_part
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-RELOAD", "C-LOCK")]
 
@@ -18,7 +18,7 @@ def _group(C=2, P=4, Q=16, cache=True):
 
 def _prefill(flow, kv, start, end):
     a = flow.allocator.alloc_extend([start], [end - start], [kv.last_loc])
-    kv.take(a.out_cache_loc_cpu, a.new_pages)
+    assert kv.take(a, 0) == end - start
     return a
 
 
@@ -72,7 +72,7 @@ def test_release_frees_every_own_page_and_keeps_the_cached_prefix():
     assert kv.length == 6
     _prefill(flow, kv, 6, 9)
     d = alloc.alloc_decode([9], [kv.last_loc])  # a decode token into the partly filled page
-    kv.take(d.out_cache_loc_cpu, d.new_pages)
+    assert kv.take(d, 0) == 1
     assert kv.length == 10 and kv.num_own_pages == 2
     kv.release()  # a retraction: its own pages go back, the cached prefix stays (unlocked)
     assert alloc.used_pages_per_lane().sum() == 3 and flow.cache.evictable_pages_per_lane().sum() == 3
@@ -86,3 +86,19 @@ def test_without_a_cache_a_request_frees_all_its_pages_and_its_row_grows_past_th
     kv.share(np.arange(6))  # no cache: nothing to share
     kv.finish(np.arange(6))
     assert alloc.used_pages_per_lane().sum() == 0
+
+
+def test_take_appends_request_i_of_a_batch_and_a_kept_prefix_of_it():
+    """``take(allocation, i)`` cuts request i's slots and new pages by the plan's indptrs (``request_part``);
+    ``tokens`` / ``pages`` keep a prefix of them (what MTP verification keeps)."""
+    alloc, flow = _group(C=2, P=2, Q=16, cache=False)
+    kvs = [flow.start(np.zeros(0, np.int64), 8) for _ in range(3)]
+    a = alloc.alloc_extend([0, 0, 0], [3, 1, 4], [-1, -1, -1])
+    out, pages = a.out_cache_loc_cpu, a.new_pages
+    assert [p.shape[0] for p in (request_part(a, i)[1] for i in range(3))] == [2, 1, 2]
+    assert kvs[0].take(a, 0) == 3 and kvs[1].take(a, 1) == 1
+    assert kvs[0].row.tolist() == out[:3].tolist() and kvs[1].row.tolist() == out[3:4].tolist()
+    assert kvs[0].own_pages[0].tolist() == pages[:2].tolist() and kvs[1].own_pages[0].tolist() == [pages[2]]
+    assert kvs[2].take(a, 2, 1, 1, host_slots=out) == 1  # the first slot and page of its 4 and 2
+    assert kvs[2].row.tolist() == [out[4]] and kvs[2].num_own_pages == 1
+    assert kvs[2].own_pages[0].tolist() == [pages[3]]

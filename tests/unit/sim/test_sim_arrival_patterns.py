@@ -95,7 +95,7 @@ def test_mtp_decode_blocked_by_each_other_retracts_the_youngest():
         spec_accept_rate=0,
     )
     assert m["retractions"] >= 1 and m["requests_rejected"] == 0
-    assert len(run.ttft_ms) == 5  # one first token per request, retracted or not
+    assert len(run.counters.ttft_ms) == 5  # one first token per request, retracted or not
     assert run.alloc.used_pages_per_lane().tolist() == run.cache.cached_pages_per_lane().tolist()
 
 

@@ -149,19 +149,3 @@ def test_legacy_livelock_is_unfinished_not_fastest(tmp_path, capsys):
     text = capsys.readouterr().out
     line = next(x for x in text.splitlines() if "ttft_ms_p99" in x)
     assert "unfinished" in line
-
-
-def test_docs_define_every_report_field():
-    from pathlib import Path
-
-    from cpkv.sim.report import REPORT_FIELDS, SPEC_DECODE_FIELDS, STORAGE_FIELDS
-
-    docs = (Path(__file__).resolve().parents[3] / "docs" / "metrics.md").read_text(encoding="utf-8")
-    rows = {
-        name
-        for line in docs.splitlines()
-        if line.startswith("| `")
-        for name in __import__("re").findall(r"`(\w+)`", line.split(" | ", 1)[0])
-    }
-    missing = [f for f in (*REPORT_FIELDS, *SPEC_DECODE_FIELDS, *STORAGE_FIELDS) if f not in rows]
-    assert not missing, f"docs/metrics.md defines no row for {missing}"

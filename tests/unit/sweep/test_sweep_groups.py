@@ -79,7 +79,7 @@ def test_groups_combine_by_their_rules_against_each_groups_replay():
     m = out["metrics"]
     runs = [PolicyRun(cfg, "rotation", spec.requests[g::3]) for g in range(3)]  # the groups, replayed here
     parts = [r.run().metrics for r in runs]
-    ttft = np.concatenate([np.asarray(r.ttft_ms) for r in runs])
+    ttft = np.concatenate([np.asarray(r.counters.ttft_ms) for r in runs])
     assert m["requests_total"] == 30 == sum(p["requests_total"] for p in parts)
     for key in ("requests_finished", "prefill_tokens", "cache_hit_tokens", "evicted_pages", "steps"):
         assert m[key] == sum(p[key] for p in parts), key

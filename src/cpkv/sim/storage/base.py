@@ -15,7 +15,7 @@ prefill step moves between ranks. The engine calls, per replay:
 - ``used_pages_per_rank()`` after each step (the report's lane figures);
 - ``stuck_alone(...)`` when nothing advanced; ``admitted(run)`` / ``retired(run, n)`` at admission and
   when a request hands its prompt to the cache (``prefill_tokens_recomputed``);
-- ``metrics(run)`` for the report.
+- ``metrics(counters)`` for the report.
 """
 
 from __future__ import annotations
@@ -91,18 +91,19 @@ class KVStorage:
 
     # ------------------------------------------------------------------------------------------ hooks
     def admitted(self, run) -> None:
-        """A request was admitted with ``run.done`` prompt tokens from the cache (``RunningRequest``)."""
-        self.recompute.admitted(run.req.req_id, run.token_ids, run.done)
+        """A request was admitted with ``run.kv.length`` prompt tokens from the cache (``RunningRequest``)."""
+        self.recompute.admitted(run.req.req_id, run.token_ids, run.kv.length)
 
     def retired(self, run, n: int) -> None:
         """A request handed its first ``n`` prompt tokens to the cache."""
         self.recompute.retired(run.req.req_id, run.token_ids, n)
 
     # ---------------------------------------------------------------------------------------- report
-    def metrics(self, run) -> dict:
-        """The design's report fields of one replay (docs/metrics.md, "KV storage designs")."""
+    def metrics(self, counters) -> dict:
+        """The design's report fields of one replay (the ``STORAGE`` metrics of ``sim.metrics.METRICS``;
+        docs/metrics.md); ``counters``: the replay's ``ReplayCounters``."""
         t = self.traffic
-        hits, computed = run.cache_hit_tokens, run.prefill_tokens
+        hits, computed = counters.cache_hit_tokens, counters.prefill_tokens
         return {
             "kv_storage": self.name,
             "kv_capacity_tokens": self.capacity_tokens(),
