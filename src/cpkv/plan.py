@@ -93,8 +93,6 @@ class BatchPlan:
         gather_index: ``[sum E]`` int64; ``gathered[gather_index]`` is the flat order (C-GATHER).
         req_indices: ``[B]`` int64 ``req_index`` of each request (0..B-1 for ``plan_batch``).
         token_runs: the same tokens in run-length form (``TokenRuns``), for slot and index expansion.
-        stamp: who made the plan under which state, set by ``OwnerLaneAllocator.plan_extend`` (None for
-            ``plan_batch``): ``allocate`` commits a plan only while it is still the one it would make.
     """
 
     config: CPConfig
@@ -112,7 +110,6 @@ class BatchPlan:
     max_rank_tokens: int
     req_indices: np.ndarray
     token_runs: TokenRuns = field(repr=False)
-    stamp: object = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         return (

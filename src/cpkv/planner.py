@@ -172,7 +172,6 @@ def plan_arrays(
     phases: object,
     first_index: int = 0,
     lanes_valid: bool = False,
-    stamp: object = None,
 ) -> BatchPlan:
     """``plan_batch`` for a caller that has already checked the lengths (C-BATCH, C-HEAD, C-ZIGZAG,
     C-INTERLEAVE: ``config.cp_strategy`` picks the page rule).
@@ -185,7 +184,6 @@ def plan_arrays(
             arrays in ``[-1, C)`` and ``[0, C)`` (phases may be None), as the allocator derives them, and
             are not checked again.
         first_index: ``req_index`` of request 0 (``plan_request``'s).
-        stamp: the plan's ``stamp`` (``OwnerLaneAllocator.plan_extend``'s; None otherwise).
 
     Returns:
         The ``BatchPlan``.
@@ -249,7 +247,7 @@ def plan_arrays(
     )
     for arr in arrays.values():
         arr.setflags(write=False)
-    return BatchPlan(config=config, max_rank_tokens=max_rank, token_runs=runs, stamp=stamp, **arrays)
+    return BatchPlan(config=config, max_rank_tokens=max_rank, token_runs=runs, **arrays)
 
 
 def _runs(

@@ -10,7 +10,7 @@ Pure functions of lengths, batch positions and free pages per lane; no allocator
 - ``one_page_lanes``: the lane of each new page of a batch whose requests take at most one new page each,
   under any policy (``legacy``: 0; ``rotation``: the rotation phase; ``balanced``: C-BALANCED for one page);
 - ``follows_free_pages``: whether a policy's phases depend on the free pages (a plan made under other free
-  pages may differ).
+  pages may differ); ``STATELESS_POLICY``: the policy of plans made without them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ import numpy as np
 from .config import BALANCED, INTERLEAVE, LEGACY, ROTATION, ZIGZAG, CPConfig
 
 _I64 = np.int64
+
+STATELESS_POLICY = ROTATION
+"""The owner policy of plans made without an allocator's free pages: ``rotation`` (C-PHASE, a function of
+positions alone). A group whose pages are not placed by the ranks that compute them plans its compute so
+(``sim.storage.compute.CPCompute``)."""
 
 
 @overload

@@ -1,4 +1,5 @@
-"""Input checks of the allocator's calls: page ids, lanes, ``last_locs`` (SPEC C-FAIL-FAST, C-HEAD).
+"""Input checks of the allocator's calls: page ids, lanes, ``last_locs``, draft lengths (SPEC C-FAIL-FAST, C-HEAD,
+C-DRAFT).
 
 Every failure is an ``AllocatorError`` naming the request and the offending value; nothing is taken or
 freed before a check passes. The common valid case costs one vectorised test (``LanePool.valid_last_locs``);
@@ -12,7 +13,7 @@ import numpy as np
 from ..config import CPConfig
 from ..errors import AllocatorError, ConfigError
 from ..limits import check_bytes
-from ..validate import MAX_POSITION, as_int_array
+from ..validate import MAX_POSITION, as_int_array, check_int
 from .pool import LanePool
 
 _U64 = np.uint64
@@ -53,6 +54,14 @@ def lane_array(owners: object, cp_size: int) -> np.ndarray:
         i = int(bad[0])
         raise AllocatorError(f"owners[{i}]={int(arr[i])} out of range [0, {cp_size})")
     return arr
+
+
+def draft_lengths(seq_lens: object, num_draft_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(prefix_lens, extend_lens)`` of ``alloc_draft``: ``seq_lens`` as int64 ``[B]`` and ``[k] * B`` (C-DRAFT),
+    else AllocatorError naming ``num_draft_tokens`` (not an int >= 1). Example ``([5, 9], 3)`` -> ``([5, 9], [3, 3])``."""
+    k = check_int("num_draft_tokens", num_draft_tokens, 1, error=AllocatorError)
+    L0 = as_int_array("seq_lens", seq_lens)
+    return L0, np.full_like(L0, k)
 
 
 def head_owners(pool: LanePool, config: CPConfig, L0: np.ndarray, last: np.ndarray) -> np.ndarray:

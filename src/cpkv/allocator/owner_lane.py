@@ -21,8 +21,15 @@ from ..plan import BatchPlan
 from ..planner import plan_arrays
 from ..policy import balanced_phases, cyclic_lane_pages, follows_free_pages
 from ..slots import extend_slots
-from ..validate import as_int, as_int_array, check_int, lengths, per_lane_ints
-from .checks import check_pool_size, check_shared_heads, head_owners, lane_array, page_id_array
+from ..validate import as_int, as_int_array, lengths, per_lane_ints
+from .checks import (
+    check_pool_size,
+    check_shared_heads,
+    draft_lengths,
+    head_owners,
+    lane_array,
+    page_id_array,
+)
 from .one_page import OnePageTables, pick_one_page
 from .pool import LanePool
 from .result import ExtendAllocation
@@ -136,6 +143,17 @@ class OwnerLaneAllocator:
         return used
 
     @property
+    def page_size(self) -> int:
+        """Tokens per page (P), ``config.page_size``."""
+        return self.config.page_size
+
+    @property
+    def replans_after_eviction(self) -> bool:
+        """Whether a plan follows the free pages (``balanced``, C-BALANCED), so a scheduler plans again after
+        freeing pages (``PageAllocator``); False under ``rotation`` and ``legacy``."""
+        return follows_free_pages(self.config.owner_policy)
+
+    @property
     def min_free_pages(self) -> int:
         """Free pages of the emptiest-by-capacity lane, ``min(free_pages_per_lane())``, in pages."""
         return int(self.pool.free.min())
@@ -226,8 +244,8 @@ class OwnerLaneAllocator:
         Validates ``last_locs`` and derives head owners as ``alloc_extend`` does; under ``balanced`` the
         phases reflect the current free pages. A scheduler checks the plan (``new_pages_per_lane`` against
         each lane's room, ``mqa_logits_elements`` against a budget), may evict, then commits that same plan
-        with ``allocate(plan, last_locs)``. The plan's ``stamp`` records this allocator, ``last_locs``, the
-        pool's change count and (``balanced``) the free pages it was made under.
+        with ``allocate(plan, last_locs)``. The allocator records (``stamp.Commits``) the ``last_locs``, the
+        pool's change count and (``balanced``) the free pages the plan was made under.
 
         Raises:
             PlanError, AllocatorError, UnsupportedPagePlan: as ``alloc_extend``; nothing changes.
@@ -250,9 +268,8 @@ class OwnerLaneAllocator:
             ``ExtendAllocation`` (``plan`` is this plan).
 
         Raises:
-            StalePlanError: a plan this allocator did not make or already allocated (a plan commits once: its
-                ``copy.copy`` / ``dataclasses.replace`` copies share its stamp; a deep copy or an unpickled
-                plan is refused), other ``last_locs``, or
+            StalePlanError: a plan this allocator did not make (a copy of its plan included: only the plan
+                object ``plan_extend`` returned commits) or already allocated, other ``last_locs``, or
                 phases the free pages no longer choose (plan again). AllocatorError: a ``last_loc`` on a page freed since.
                 LaneExhausted: a lane is short. In every case nothing is allocated.
         """
@@ -326,9 +343,8 @@ class OwnerLaneAllocator:
                 (a PlanError for ``seq_len + k`` above ``MAX_POSITION``); in every case
                 nothing is allocated.
         """
-        k = check_int("num_draft_tokens", num_draft_tokens, 1, error=AllocatorError)
-        L0 = as_int_array("seq_lens", seq_lens)
-        return self.alloc_extend(L0, np.full_like(L0, k), last_locs)
+        L0, E = draft_lengths(seq_lens, num_draft_tokens)
+        return self.alloc_extend(L0, E, last_locs)
 
     def release_tail(self, page_ids: object, new_len: int) -> np.ndarray:
         """Roll one request back to ``new_len`` tokens: free its pages that hold no kept position (C-DRAFT).
@@ -384,7 +400,7 @@ class OwnerLaneAllocator:
     def _plan_extend(
         self, prefix_lens: object, extend_lens: object, last_locs: object
     ) -> tuple[BatchPlan, np.ndarray]:
-        """``(plan, last_locs)`` of a batch, the plan stamped with the state it was made under."""
+        """``(plan, last_locs)`` of a batch, the plan recorded with the state it was made under."""
         L0, E = lengths(prefix_lens, extend_lens)
         last = as_int_array("last_locs", last_locs, L0.shape[0])
         head = head_owners(self.pool, self.config, L0, last)
@@ -392,6 +408,6 @@ class OwnerLaneAllocator:
         P, C = self.config.page_size, self.config.cp_size
         balanced = follows_free_pages(self.config.owner_policy)
         phases = balanced_phases(L0, E, self.pool.free, P, C, self.config.cp_strategy) if balanced else None
-        stamp = self._commits.stamp(last, balanced)
-        plan = plan_arrays(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True, stamp=stamp)
+        plan = plan_arrays(L0, E, self.config, head_owners=head, phases=phases, lanes_valid=True)
+        self._commits.stamp(plan, last, balanced)
         return plan, last

@@ -1,4 +1,4 @@
-"""Plan, then commit: what ``OwnerLaneAllocator.plan_extend`` records on a plan and how ``allocate`` checks it
+"""Plan, then commit: what ``OwnerLaneAllocator.plan_extend`` records of a plan and how ``allocate`` checks it
 (SPEC C-ALLOC, C-BALANCED).
 
 A plan is a function of its lengths, its ``last_locs`` (head owners) and, under ``balanced``, the free
@@ -6,16 +6,15 @@ pages per lane it was made under. ``allocate`` commits a plan only while it is t
 would make now, and only once: a plan of another allocator, of other ``last_locs``, already committed, or
 (``balanced``) whose phases the current free pages no longer choose is refused before any page is taken.
 
-Once, however the plan was copied: the allocator keeps a weak table of its open stamps (made, not yet
-committed), keyed by serial. A shallow copy (``copy.copy``, ``dataclasses.replace``) shares its plan's
-stamp object, so after either commits the stamp is closed for both; a deep copy or an unpickled plan holds
-another stamp object, never the open one, and is refused. The table holds no plan alive: a stamp no plan
-references any more drops out of it.
+The allocator keeps, per plan object it made, the state the plan was made under (``PlanStamp``, in a weak
+table keyed by the plan) and the set of those not yet committed (a weak set), so the ``BatchPlan`` type
+carries no allocator state. Only the plan object ``plan_extend`` returned commits: a copy (``copy.copy``,
+``dataclasses.replace``, ``copy.deepcopy``, an unpickled plan) is another object, never in the table, and is
+refused. The tables hold no plan alive: a plan dropped by its caller drops out of both.
 """
 
 from __future__ import annotations
 
-import itertools
 import weakref
 
 import numpy as np
@@ -32,29 +31,17 @@ _I64 = np.int64
 
 
 class PlanStamp:
-    """A plan's maker (an allocator's token), its serial (unique per allocator), its ``last_locs`` (bytes), the
-    pool's change count when it was made, and (``balanced``) the free pages per lane as bytes, else None.
-    Compared by identity: only the stamp object ``plan_extend`` made is open for a commit."""
+    """The state a plan was made under: its ``last_locs`` (bytes of int64 ``[B]``), the pool's change count,
+    and (``balanced``) the free pages per lane as bytes, else None."""
 
-    __slots__ = ("maker", "serial", "last_locs", "changes", "free", "__weakref__")
+    __slots__ = ("last_locs", "changes", "free")
 
-    def __init__(
-        self, maker: object, serial: int, last_locs: bytes, changes: int, free: bytes | None
-    ) -> None:
-        self.maker, self.serial, self.last_locs, self.changes, self.free = (
-            maker,
-            serial,
-            last_locs,
-            changes,
-            free,
-        )
-
-    def __reduce__(self):  # a pickled or deep-copied stamp is another object: never the open one
-        return PlanStamp, (None, self.serial, self.last_locs, self.changes, self.free)
+    def __init__(self, last_locs: bytes, changes: int, free: bytes | None) -> None:
+        self.last_locs, self.changes, self.free = last_locs, changes, free
 
 
 class Commits:
-    """The plans one allocator made and committed: ``stamp`` marks a new plan, ``check`` admits it once.
+    """The plans one allocator made and committed: ``stamp`` records a new plan, ``check`` admits it once.
 
     Args:
         config: the allocator's ``CPConfig``. pool: its ``LanePool``.
@@ -62,9 +49,8 @@ class Commits:
 
     def __init__(self, config: CPConfig, pool: LanePool) -> None:
         self.config, self.pool = config, pool
-        self.maker = object()
-        self._serials = itertools.count()
-        self._open: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # serial -> open stamp
+        self._stamps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # plan -> its PlanStamp
+        self._open: weakref.WeakSet = weakref.WeakSet()  # the plans made and not yet committed
 
     def __getstate__(self) -> dict:  # a copied or unpickled allocator commits its own plans, none yet
         return {"config": self.config, "pool": self.pool}
@@ -72,31 +58,23 @@ class Commits:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["config"], state["pool"])
 
-    def stamp(self, last: np.ndarray, balanced: bool) -> PlanStamp:
-        """The stamp of a plan made now with ``last`` (int64 ``[B]`` ``last_locs``)."""
+    def stamp(self, plan: BatchPlan, last: np.ndarray, balanced: bool) -> None:
+        """Record ``plan``, made now with ``last`` (int64 ``[B]`` ``last_locs``), as open for one commit."""
         free = self.pool.free.tobytes() if balanced else None
-        stamp = PlanStamp(self.maker, next(self._serials), last.tobytes(), self.pool.changes, free)
-        self._open[stamp.serial] = stamp
-        return stamp
+        self._stamps[plan] = PlanStamp(last.tobytes(), self.pool.changes, free)
+        self._open.add(plan)
 
     def check(self, plan: BatchPlan, last_locs) -> np.ndarray:
         """``last_locs`` as int64 ``[B]`` when ``plan`` may be committed now, else StalePlanError (or the
         AllocatorError of a ``last_loc`` on a page freed since); changes nothing."""
-        stamp = plan.stamp if isinstance(plan, BatchPlan) else None
-        if isinstance(stamp, PlanStamp) and stamp.maker is None:
+        stamp = self._stamps.get(plan) if isinstance(plan, BatchPlan) else None
+        if stamp is None:
             raise StalePlanError(
-                f"the plan (serial {stamp.serial}) is a deep copy or an unpickled copy, not the plan plan_extend "
-                "made; commit that plan or plan the batch again"
+                "allocate takes a plan this allocator's plan_extend made, that object itself (a copy of it is "
+                "refused); plan the batch with it"
             )
-        if not isinstance(stamp, PlanStamp) or stamp.maker is not self.maker:
-            raise StalePlanError(
-                "allocate takes a plan this allocator's plan_extend made; plan the batch with it"
-            )
-        if self._open.get(stamp.serial) is not stamp:
-            raise StalePlanError(
-                f"the plan (serial {stamp.serial}) was allocated already, by it or a copy (a plan commits once); "
-                "plan the batch again"
-            )
+        if plan not in self._open:
+            raise StalePlanError("the plan was allocated already (a plan commits once); plan the batch again")
         last = as_int_array("last_locs", last_locs, plan.num_requests)
         if last.tobytes() != stamp.last_locs:
             made = np.frombuffer(stamp.last_locs, dtype=_I64).tolist()
@@ -118,5 +96,5 @@ class Commits:
         return last
 
     def committed(self, plan: BatchPlan) -> None:
-        """``plan`` was allocated: it and every copy of it commit no second time (its stamp is closed)."""
-        self._open.pop(plan.stamp.serial, None)
+        """``plan`` was allocated: it commits no second time."""
+        self._open.discard(plan)

@@ -25,11 +25,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..allocator import ExtendAllocation, OwnerLaneAllocator
+from ..allocator import ExtendAllocation
+from ..allocator.protocol import PageAllocator
 from ..cache import PrefixCache
 from ..estimator import mqa_logits_elements
 from ..planner import BatchPlan
-from ..policy import follows_free_pages
 from .config import SimConfig
 from .reservation import pages_to_finish
 
@@ -83,13 +83,12 @@ class StepBuilder:
 
     Args:
         config: the ``SimConfig`` (cp_size, page_size, chunk_size, max_batch_tokens, logits budget).
-        alloc: the group's ``OwnerLaneAllocator``. cache: its ``PrefixCache``.
+        alloc: the group's allocator (a ``PageAllocator``: ``OwnerLaneAllocator`` or a storage design's).
+            cache: its ``PrefixCache``.
         whole: every chunk is the wanted one or none (decode and speculative-decode steps).
     """
 
-    def __init__(
-        self, config: SimConfig, alloc: OwnerLaneAllocator, cache: PrefixCache, *, whole: bool = False
-    ):
+    def __init__(self, config: SimConfig, alloc: PageAllocator, cache: PrefixCache, *, whole: bool = False):
         self.config, self.alloc, self.cache, self.whole = config, alloc, cache, whole
         self.limit = config.logits_budget_elements  # elements per rank, or None
         self.keys: list = []  # the batch's requests, in batch order
@@ -160,12 +159,7 @@ class StepBuilder:
                 hi = mid - 1
         if lo < shortest and first[0] == "lane" and self.make_free_page():
             lo = shortest if size(shortest) is None else 0  # balanced sees the page made free
-        if (
-            self.whole
-            and lo < shortest
-            and first[0] == "lane"
-            and follows_free_pages(self.alloc.config.owner_policy)
-        ):
+        if self.whole and lo < shortest and first[0] == "lane" and self.alloc.replans_after_eviction:
             # all K slots or none, on lanes chosen from free pages: evictable pages count as room but not
             # for the phase choice, so free them until a phase fits
             while size(shortest) is not None and self.make_free_page(anywhere=True):
@@ -248,7 +242,7 @@ class StepBuilder:
                     and len(self.keys) == 1
                     and spare > 0
                     and int(need.sum()) <= int(room.sum())
-                    and follows_free_pages(self.alloc.config.owner_policy)
+                    and self.alloc.replans_after_eviction
                     and self.make_free_page(anywhere=True)
                 ):
                     spare -= 1
@@ -263,10 +257,7 @@ class StepBuilder:
                 self._plans.clear()  # made under other free pages
                 # Eviction moves pages from evictable to free, so the room stays; a plan that follows positions
                 # only (rotation, legacy) stays too: the next round would allocate at once if no lane is short.
-                if (
-                    follows_free_pages(self.alloc.config.owner_policy)
-                    or (need > self.alloc.free_pages_per_lane()).any()
-                ):
+                if self.alloc.replans_after_eviction or (need > self.alloc.free_pages_per_lane()).any():
                     continue
             a = self.alloc.allocate(
                 plan, self._last

@@ -29,7 +29,6 @@ import numpy as np
 from ..cache.flow import RequestFlow
 from ..errors import LaneExhausted
 from ..plan import BatchPlan
-from ..policy import follows_free_pages
 from .admission import Fit, StepBuilder
 from .config import SimConfig
 from .cost import step_cost
@@ -37,7 +36,7 @@ from .counters import ReplayCounters
 from .metrics import StepRecorder, livelock_finding, policy_metrics
 from .rejection import Rejection, budget_reason, lane_reason, pool_reason
 from .report import PolicyResult
-from .reservation import pages_to_finish, reservation_short
+from .reservation import pages_to_finish, reservation_short, stuck_alone
 from .running import RunningRequest
 from .spec_decode import SpecDecoder
 from .storage import OWNER_LANE, build_storage
@@ -198,13 +197,13 @@ class PolicyRun:
             run = self._start(req)
             others = self.running + self.decoding
             pages_left = [self._pages_left(r) for r in (*others, run)]  # room: re-read by _start's lock
-            short = reservation_short(self.policy, pages_left, self.builder.room, per_lane=False)  # the total
+            short = reservation_short(pages_left, self.builder.room, per_lane=False)  # the total
             fit = (
                 self._note(self.builder.add(run, run.kv.length, run.remaining, run.kv.last_loc))
                 if not short
                 else None
             )
-            if fit is not None and fit.tokens and others and not follows_free_pages(self.policy):
+            if fit is not None and fit.tokens and others and self.storage.per_lane_reservation:
                 short = self._lane_reservation_short((*others, run))  # every lane, with the step as planned
                 if short:
                     self.builder.drop_last()
@@ -239,7 +238,7 @@ class PolicyRun:
         chunk = self.builder.chunks()
         P = self.storage.page_size
         left = [pages_to_finish(self._kv_tokens(r.req), r.kv.length + chunk.get(r, 0), P) for r in admitted]
-        return reservation_short(self.policy, left, self.builder.room, self.builder.placed_pages())
+        return reservation_short(left, self.builder.room, self.builder.placed_pages(), per_lane=True)
 
     def _total_room_for(self, req: Request) -> bool:
         """Whether the pool, in total, can take ``req`` besides what admitted requests still need (checked
@@ -373,7 +372,7 @@ class PolicyRun:
         step = (
             self.decode_builder.config.chunk_size if oldest in self.decoding else 1
         )  # K slots, or one token
-        lane = self.storage.stuck_alone(held, kv, last_page, step)
+        lane = stuck_alone(self.storage.scratch_allocator(), held, kv, last_page, step)
         if lane >= 0:
             self._reject(
                 oldest,

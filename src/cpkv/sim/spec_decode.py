@@ -24,7 +24,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..allocator import ExtendAllocation, OwnerLaneAllocator
+from ..allocator import ExtendAllocation
+from ..allocator.protocol import PageAllocator
 from ..cache.flow import request_part
 
 _I64 = np.int64
@@ -34,19 +35,19 @@ class SpecDecoder:
     """Draft slots, acceptance and rollback of one policy's replay, with its counters (C-DRAFT).
 
     Args:
-        alloc: the group's ``OwnerLaneAllocator`` (sharded). num_draft_tokens: K >= 1, slots per request
+        alloc: the group's allocator (a ``PageAllocator``). num_draft_tokens: K >= 1, slots per request
             per step. accept_rate: A in [0, 1], per-draft acceptance probability. seed: run seed.
     """
 
-    def __init__(
-        self, alloc: OwnerLaneAllocator, num_draft_tokens: int, accept_rate: float, seed: int
-    ) -> None:
+    def __init__(self, alloc: PageAllocator, num_draft_tokens: int, accept_rate: float, seed: int) -> None:
         self.alloc = alloc
         self.num_draft_tokens = num_draft_tokens
         self.accept_rate = accept_rate
         self.seed = seed
         self._rngs: dict[int, np.random.Generator] = {}
-        self.draft_pages_per_lane = np.zeros(alloc.config.cp_size, dtype=_I64)  # [C] pages alloc_draft took
+        self.draft_pages_per_lane = np.zeros(
+            alloc.capacity_per_lane.shape[0], dtype=_I64
+        )  # [lanes] pages alloc_draft took
         self.draft_pages_released = 0
         self.verify_steps = 0  # request-steps verified
         self.kept_tokens = 0  # tokens emitted (= KV positions kept) over all request-steps
@@ -60,7 +61,7 @@ class SpecDecoder:
         """Count the draft pages of a step's K-slot allocation ``a`` per lane (however it was allocated:
         ``alloc_draft``, or the plan a scheduler sized and committed); returns ``a``."""
         self.draft_pages_per_lane += np.bincount(
-            a.new_pages % self.alloc.config.cp_size, minlength=self.draft_pages_per_lane.shape[0]
+            a.new_pages % self.draft_pages_per_lane.shape[0], minlength=self.draft_pages_per_lane.shape[0]
         )
         return a
 
@@ -85,7 +86,7 @@ class SpecDecoder:
             counts ``RequestKV.take(a, i, tokens, pages)`` appends; the other new pages went back to their
             lanes through ``release_tail``.
         """
-        K, P = self.num_draft_tokens, self.alloc.config.page_size
+        K, P = self.num_draft_tokens, self.alloc.page_size
         kept = []
         for i, rid in enumerate(req_ids):
             accepted = self._accepted(int(rid))

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cpkv import CPConfig, OwnerLaneAllocator
 from cpkv.sim.admission import align_chunk
 from cpkv.sim.config import SimConfig
 from cpkv.sim.engine import PolicyRun
@@ -62,9 +63,10 @@ def test_reservation_helpers():
     assert even_share([1, 4, 5, 9], 4).tolist() == [1, 1, 2, 3]
     assert pages_to_finish(10, 6, 4) == 1 and pages_to_finish(8, 0, 4) == 2 and pages_to_finish(8, 8, 4) == 0
     room = np.array([3, 9])
-    assert reservation_short("rotation", [4, 3], room) == "lane"  # shares 2 + 2 = 4 > 3 on lane 0
-    assert reservation_short("balanced", [4, 3], room) is None  # only the total (7 <= 12) matters
-    assert reservation_short("balanced", [8, 5], room) == "total"
+    assert reservation_short([4, 3], room, per_lane=True) == "lane"  # shares 2 + 2 = 4 > 3 on lane 0
+    assert reservation_short([4, 3], room, per_lane=False) is None  # only the total (7 <= 12) matters
+    assert reservation_short([8, 5], room, per_lane=False) == "total"
+    assert reservation_short([8, 5], room, per_lane=True) == "total"  # the total first
 
 
 # ---------------------------------------------------------------------------------- fault 2, C-BALANCED
@@ -100,10 +102,12 @@ def test_stuck_alone_on_a_scratch_pool():
     # [2, 1] (tokens 0, 1) at prefix 2: rotation puts token 2 on lane (2 + 0) % 2 = 0, which it fills
     # alone -> lane 0; balanced picks the lane with a free page (lane 1) -> -1; at prefix 1 (holding only
     # page 2, last page 2) rotation's next lane is 1, free -> -1.
-    cfg = SimConfig(cp_size=2, page_size=1, pages_per_lane=2)
-    assert stuck_alone(cfg, "rotation", np.array([2, 1]), 2, 1) == 0
-    assert stuck_alone(cfg, "balanced", np.array([2, 1]), 2, 1) == -1
-    assert stuck_alone(cfg, "rotation", np.array([2]), 1, 2) == -1
+    def scratch(policy):
+        return OwnerLaneAllocator(CPConfig(2, 1, policy), 2)
+
+    assert stuck_alone(scratch("rotation"), np.array([2, 1]), 2, 1) == 0
+    assert stuck_alone(scratch("balanced"), np.array([2, 1]), 2, 1) == -1
+    assert stuck_alone(scratch("rotation"), np.array([2]), 1, 2) == -1
 
 
 def test_request_that_cannot_run_alone_is_rejected_with_a_lane_reason_not_livelocked():

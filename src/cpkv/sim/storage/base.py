@@ -1,19 +1,21 @@
 """The interface the simulator's engine drives a KV storage design through (SPEC C-STORAGE).
 
 A design builds the group's allocator and prefix cache (the real ``OwnerLaneAllocator`` and
-``PrefixCache``, in the design's own pages), says how many tokens a page holds, which owner policy's
-admission rules hold for its placement, how many pages each rank's memory holds, and what KV each
+``PrefixCache``, in the design's own pages), says how many tokens a page holds, whether admission keeps
+per-lane reservations for its placement, how many pages each rank's memory holds, and what KV each
 prefill step moves between ranks. The engine calls, per replay:
 
-- ``alloc`` / ``cache``: what the scheduler allocates from and matches in. ``alloc.plan_extend`` and
-  ``alloc_extend`` give the step's compute plan (C-ZIGZAG over the C ranks) whose ``page_owners`` /
-  ``page_indptr`` are the design's new pages (``compute.with_storage``);
+- ``alloc`` / ``cache``: what the scheduler allocates from (a ``PageAllocator``) and matches in.
+  ``alloc.plan_extend`` and ``alloc_extend`` give the step's compute plan (C-ZIGZAG over the C ranks) whose
+  ``page_owners`` / ``page_indptr`` are the design's new pages (``compute.with_storage``);
 - ``page_size``: tokens per page of ``alloc`` (every page count of admission is in these pages);
-- ``policy``: the owner policy whose admission rules the engine applies (per-lane reservations or not);
+- ``per_lane_reservation``: whether admission keeps every lane's even shares of what the admitted
+  requests still need (``reservation_short(..., per_lane=...)``), or the total only; ``policy``: the owner
+  policy named in rejection messages (``reservation_policy`` of that flag, or owner-lane's own);
 - ``step_traffic(rows, allocation)`` once per prefill step: counts its KV traffic, returns the ms the
   step waits for it (added to the step);
 - ``used_pages_per_rank()`` after each step (the report's lane figures);
-- ``stuck_alone(...)`` when nothing advanced; ``admitted(run)`` / ``retired(run, n)`` at admission and
+- ``scratch_allocator()`` when nothing advanced (``reservation.stuck_alone``); ``admitted(run)`` / ``retired(run, n)`` at admission and
   when a request hands its prompt to the cache (``prefill_tokens_recomputed``);
 - ``metrics(counters)`` for the report.
 """
@@ -25,11 +27,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...allocator import ExtendAllocation
+from ...allocator.protocol import PageAllocator
 from ..config import SimConfig
+from ..reservation import reservation_policy
 from .recompute import RecomputeCounter
 from .traffic import KVTraffic
-
-_I64 = np.int64
 
 
 class KVStorage:
@@ -38,15 +40,18 @@ class KVStorage:
     Args:
         config: the group. cost: the run's ``StepCost`` (prices the traffic, ``traffic.KVTraffic``).
 
-    Subclasses set ``name``, ``alloc``, ``cache``, ``page_size``, ``policy``, ``pages_per_unit`` (pages of
-    P tokens per page of ``alloc``) and implement ``used_pages_per_rank``, ``step_traffic`` and
-    ``scratch_allocator`` (or ``stuck_alone`` itself).
+    Subclasses set ``name``, ``per_lane_reservation``, ``alloc``, ``cache``, ``page_size``, ``pages_per_unit``
+    (pages of P tokens per page of ``alloc``) and implement ``used_pages_per_rank``, ``step_traffic`` and
+    ``scratch_allocator``.
     """
 
     name = ""
     pages_per_unit = 1
+    per_lane_reservation = True
+    alloc: PageAllocator
 
     def __init__(self, config: SimConfig, cost) -> None:
+        self.policy = reservation_policy(self.per_lane_reservation)
         self.cfg = config
         self.cp_size = config.cp_size
         self.traffic = KVTraffic(cost, config.cp_size)
@@ -71,22 +76,8 @@ class KVStorage:
         slots set; ``allocation``: the step's); returns the ms every rank waits for it."""
         raise NotImplementedError
 
-    def stuck_alone(self, held_pages: np.ndarray, prefix_len: int, last_page: int, extend_len: int) -> int:
-        """The lane that blocks a request's next ``extend_len`` tokens even with every other page free, or
-        -1 (``admission.stuck_alone`` with this design's placement)."""
-        scratch = self.scratch_allocator()
-        lanes = scratch.config.cp_size
-        pages = scratch.alloc_pages(np.asarray(held_pages, dtype=_I64) % lanes)
-        last = -1
-        if prefix_len:
-            where = int(np.flatnonzero(np.asarray(held_pages) == last_page)[0])
-            last = int(pages[where]) * self.page_size + (prefix_len - 1) % self.page_size
-        plan = scratch.plan_extend([prefix_len], [extend_len], [last])
-        short = np.bincount(plan.page_owners, minlength=lanes) - scratch.free_pages_per_lane()
-        return int(np.argmax(short)) if (short > 0).any() else -1
-
-    def scratch_allocator(self):
-        """A fresh allocator of this design with the same pool (for ``stuck_alone``)."""
+    def scratch_allocator(self) -> PageAllocator:
+        """A fresh allocator of this design with the same lanes, nothing taken (``reservation.stuck_alone``)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------ hooks

@@ -16,10 +16,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...config import ROTATION, ZIGZAG, CPConfig
+from ...config import ZIGZAG, CPConfig
 from ...plan import BatchPlan
 from ...planner import plan_arrays
-from ...policy import rotation_phase
+from ...policy import STATELESS_POLICY, rotation_phase
 from ...validate import lengths
 
 _I64 = np.int64
@@ -39,7 +39,7 @@ class CPCompute:
     """
 
     def __init__(self, cp_size: int, page_size: int, cp_strategy: str = ZIGZAG) -> None:
-        self.config = CPConfig(cp_size, page_size, ROTATION, cp_strategy)
+        self.config = CPConfig(cp_size, page_size, STATELESS_POLICY, cp_strategy)
 
     def plan(self, prefix_lens, extend_lens) -> BatchPlan:
         """The compute ``BatchPlan`` of a batch (``prefix_lens``, ``extend_lens``: ``[B]`` tokens).

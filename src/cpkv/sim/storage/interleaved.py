@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...allocator import ExtendAllocation, OwnerLaneAllocator
+from ...allocator.checks import head_owners
 from ...cache import PrefixCache
-from ...config import BALANCED, ROTATION, CPConfig
-from ...errors import AllocatorError
+from ...config import CPConfig
 from ...plan import BatchPlan
 from ...slots import extend_slots
 from ...validate import as_int_array, lengths
@@ -52,16 +52,12 @@ class InterleavedAllocator(StorageAllocator):
 
         Raises:
             PlanError: bad lengths. AllocatorError: a ``last_loc`` not on a page held, or inconsistent with
-                its ``prefix_len`` (C-FAIL-FAST).
+                its ``prefix_len`` (C-FAIL-FAST; ``allocator.checks.head_owners``, naming the request).
         """
         L0, E = lengths(prefix_lens, extend_lens)
         last = as_int_array("last_locs", last_locs, L0.shape[0])
         C, P = self.config.cp_size, self.config.page_size
-        if self.pool.pool.valid_last_locs(L0, last, P) is None:
-            raise AllocatorError(
-                f"last_locs {last.tolist()[:8]} do not fit prefix_lens {L0.tolist()[:8]}: each must "
-                "be -1 for a prefix of 0, else on a held page with (last_loc + 1) % P == prefix_len % P"
-            )
+        head_owners(self.lanes.pool, self.config, L0, last)  # the lanes' checks of last_locs (C-FAIL-FAST)
         compute = self.compute.plan(L0, E)
         ptr = compute.page_indptr
         m = ptr[1:] - ptr[:-1]
@@ -71,7 +67,7 @@ class InterleavedAllocator(StorageAllocator):
             counts = cyclic_counts(start, m, C)
             counts[fresh] = 0
             before = np.cumsum(counts, axis=0) - counts  # [B, C] pages the earlier continuing requests take
-            free = self.pool.free_pages_per_lane()
+            free = self.lanes.free_pages_per_lane()
             taken = np.zeros(C, dtype=_I64)  # by the earlier fresh requests
             for i in fresh.tolist():
                 b = int(np.argmax(free - before[i] - taken))  # the most free pages, ties to the lower lane
@@ -84,7 +80,7 @@ class InterleavedAllocator(StorageAllocator):
     def allocate(self, plan: BatchPlan, last_locs) -> ExtendAllocation:
         """One page of each of ``plan.page_owners``' lanes, in order (``alloc_pages``: atomic), then the
         slots of C-ALLOC (head tokens after ``last_loc``, then each new page's rows)."""
-        pages = self.pool.alloc_pages(plan.page_owners)
+        pages = self.lanes.alloc_pages(plan.page_owners)
         slots = extend_slots(plan, as_int_array("last_locs", last_locs, plan.num_requests), pages)
         pages.setflags(write=False)
         return ExtendAllocation(slots, plan, pages)
@@ -94,26 +90,28 @@ class InterleavedStorage(KVStorage):
     """The ``interleaved`` design: a sharded pool of ``C`` lanes of ``Q_r`` pages of ``P`` tokens, placed by
     position (``InterleavedAllocator``); the prefix cache's unit is one page.
 
-    Admission follows ``rotation``'s rules (a request's lanes are fixed by its pages' positions, so every
+    Admission keeps per-lane reservations (a request's lanes are fixed by its pages' positions, so every
     lane must hold the even shares of what the admitted requests still need); the scheduler re-checks a
-    plan after each eviction (``balanced`` in ``alloc.config``), since a starting request's lane follows
+    plan after each eviction (``alloc.replans_after_eviction``), since a starting request's lane follows
     the free pages.
     """
 
     name = "interleaved"
+    alloc: InterleavedAllocator
+    per_lane_reservation = True
 
     def __init__(self, config: SimConfig, policy: str, cost) -> None:
         super().__init__(config, cost)
         C, P = config.cp_size, config.page_size
-        self.pool = OwnerLaneAllocator(
-            CPConfig(C, P, ROTATION, config.cp_strategy), list(config.lane_capacities)
+        self.lanes = OwnerLaneAllocator(
+            CPConfig(C, P, policy, config.cp_strategy), list(config.lane_capacities)
         )
-        self.alloc = InterleavedAllocator(self.pool, CPCompute(C, P, config.cp_strategy), BALANCED)
-        self.cache = PrefixCache(self.pool, host_pages_per_lane=config.host_pages_per_lane)
-        self.page_size, self.policy = P, ROTATION
+        self.alloc = InterleavedAllocator(self.lanes, CPCompute(C, P, config.cp_strategy))
+        self.cache = PrefixCache(self.lanes, host_pages_per_lane=config.host_pages_per_lane)
+        self.page_size = P
 
     def used_pages_per_rank(self) -> np.ndarray:
-        return self.pool.used_pages_per_lane()
+        return self.lanes.used_pages_per_lane()
 
     def step_traffic(self, rows, allocation: ExtendAllocation) -> float:
         plan = allocation.plan
@@ -121,5 +119,5 @@ class InterleavedStorage(KVStorage):
         return self.traffic.add_allgathers(plan.max_rank_tokens, prefix)
 
     def scratch_allocator(self) -> InterleavedAllocator:
-        pool = OwnerLaneAllocator(self.pool.config, list(self.cfg.lane_capacities))
-        return InterleavedAllocator(pool, self.alloc.compute, BALANCED)
+        lanes = OwnerLaneAllocator(self.lanes.config, list(self.cfg.lane_capacities))
+        return InterleavedAllocator(lanes, self.alloc.compute)

@@ -24,7 +24,7 @@ _I64 = np.int64
 
 
 class OnePoolAllocator(StorageAllocator):
-    """``StorageAllocator`` over a one-lane pool (module docstring); ``pool.config.page_size`` tokens per page."""
+    """``StorageAllocator`` over one lane (module docstring); ``page_size`` tokens per page."""
 
     def plan_extend(self, prefix_lens, extend_lens, last_locs) -> BatchPlan:
         """The compute plan with ``page_owners`` all lane 0 and ``page_indptr`` in the pool's pages.
@@ -33,11 +33,11 @@ class OnePoolAllocator(StorageAllocator):
         has 3 pages of 2 tokens; the storage takes 2 blocks (``page_indptr`` [0, 2]).
         """
         L0, E = lengths(prefix_lens, extend_lens)
-        units = new_units(L0, E, self.config.page_size)
+        units = new_units(L0, E, self.page_size)
         ptr = indptr(units)
         return with_storage(self.compute.plan(L0, E), np.zeros(int(ptr[-1]), dtype=_I64), ptr)
 
     def allocate(self, plan: BatchPlan, last_locs) -> ExtendAllocation:
-        """The pool's ``alloc_extend`` of the plan's lengths (the one lane's lowest free pages, atomic)."""
-        a = self.pool.alloc_extend(plan.prefix_lens, plan.extend_lens, last_locs)
+        """The lanes' ``alloc_extend`` of the plan's lengths (the one lane's lowest free pages, atomic)."""
+        a = self.lanes.alloc_extend(plan.prefix_lens, plan.extend_lens, last_locs)
         return ExtendAllocation(a.out_cache_loc_cpu, plan, a.new_pages)

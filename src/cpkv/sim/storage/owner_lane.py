@@ -14,16 +14,18 @@ import numpy as np
 from ...allocator import ExtendAllocation, OwnerLaneAllocator
 from ...cache import PrefixCache
 from ...config import CPConfig
+from ...policy import follows_free_pages
 from ..config import SimConfig
-from ..reservation import stuck_alone
 from .base import KVStorage
 from .traffic import owner_lane_reads
 
 
 class OwnerLaneStorage(KVStorage):
-    """The owner-lane design under owner policy ``policy`` (``rotation``, ``legacy``, ``balanced``)."""
+    """The owner-lane design under owner policy ``policy`` (``rotation``, ``legacy``, ``balanced``): admission
+    keeps per-lane reservations unless the policy follows the free pages (``balanced``)."""
 
     name = "owner-lane"
+    alloc: OwnerLaneAllocator
 
     def __init__(self, config: SimConfig, policy: str, cost) -> None:
         super().__init__(config, cost)
@@ -33,6 +35,7 @@ class OwnerLaneStorage(KVStorage):
         )
         self.cache = PrefixCache(self.alloc, host_pages_per_lane=config.host_pages_per_lane)
         self.page_size, self.policy = config.page_size, policy
+        self.per_lane_reservation = not follows_free_pages(policy)
 
     @property
     def label(self) -> str:
@@ -45,5 +48,5 @@ class OwnerLaneStorage(KVStorage):
         owner_lane_reads(rows, allocation.plan, allocation.out_cache_loc_cpu, self.traffic)
         return 0.0  # reads happen inside the attention kernel: reported, not added (traffic.py)
 
-    def stuck_alone(self, held_pages: np.ndarray, prefix_len: int, last_page: int, extend_len: int) -> int:
-        return stuck_alone(self.cfg, self.policy, held_pages, prefix_len, last_page, extend_len)
+    def scratch_allocator(self) -> OwnerLaneAllocator:
+        return OwnerLaneAllocator(self.alloc.config, list(self.cfg.lane_capacities))

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...allocator import ExtendAllocation, OwnerLaneAllocator
 from ...cache import PrefixCache
-from ...config import BALANCED, CPConfig
+from ...config import CPConfig
 from ..config import SimConfig
 from .base import KVStorage
 from .compute import CPCompute
@@ -23,28 +23,32 @@ from .one_pool import OnePoolAllocator
 class ReplicatedStorage(KVStorage):
     """The replicated design: ``OwnerLaneAllocator(..., kind="replicated")`` of ``min(Q_r)`` pages.
 
-    The owner policy has nothing to place (one lane); the scheduler runs ``balanced``'s rules, which on one
-    lane are every policy's.
+    The owner policy has nothing to place (one lane: every policy places alike, C-POOL); admission keeps no
+    per-lane reservation (one lane: the total is the lane).
     """
 
     name = "replicated"
+    alloc: OnePoolAllocator
+    per_lane_reservation = False
 
     def __init__(self, config: SimConfig, policy: str, cost) -> None:
         super().__init__(config, cost)
         C, P = config.cp_size, config.page_size
-        self.pool = OwnerLaneAllocator(
-            CPConfig(C, P, BALANCED, config.cp_strategy), min(config.lane_capacities), kind="replicated"
+        self.lanes = OwnerLaneAllocator(
+            CPConfig(C, P, policy, config.cp_strategy), min(config.lane_capacities), kind="replicated"
         )
-        self.alloc = OnePoolAllocator(self.pool, CPCompute(C, P, config.cp_strategy), BALANCED)
-        self.cache = PrefixCache(self.pool, host_pages_per_lane=config.host_pages_per_lane)
-        self.page_size, self.policy = P, BALANCED
+        self.alloc = OnePoolAllocator(self.lanes, CPCompute(C, P, config.cp_strategy))
+        self.cache = PrefixCache(self.lanes, host_pages_per_lane=config.host_pages_per_lane)
+        self.page_size = P
 
     def used_pages_per_rank(self) -> np.ndarray:
-        return np.full(self.cp_size, int(self.pool.used_pages_per_lane()[0]), dtype=np.int64)  # on every rank
+        return np.full(
+            self.cp_size, int(self.lanes.used_pages_per_lane()[0]), dtype=np.int64
+        )  # on every rank
 
     def step_traffic(self, rows, allocation: ExtendAllocation) -> float:
         return self.traffic.add_allgathers(allocation.plan.max_rank_tokens)
 
     def scratch_allocator(self) -> OnePoolAllocator:
-        pool = OwnerLaneAllocator(self.pool.config, int(self.pool.lane_pages[0]), kind="replicated")
-        return OnePoolAllocator(pool, self.alloc.compute, BALANCED)
+        lanes = OwnerLaneAllocator(self.lanes.config, int(self.lanes.lane_pages[0]), kind="replicated")
+        return OnePoolAllocator(lanes, self.alloc.compute)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...allocator import ExtendAllocation, OwnerLaneAllocator
 from ...cache import PrefixCache
-from ...config import BALANCED, CPConfig
+from ...config import CPConfig
 from ..config import SimConfig
 from .base import KVStorage
 from .compute import CPCompute
@@ -24,23 +24,26 @@ from .traffic import prefix_gather_rows
 
 
 class VirtualBlockStorage(KVStorage):
-    """The interleaved-vblock design: a one-lane pool of ``min(Q_r)`` virtual blocks of ``P * C`` tokens."""
+    """The interleaved-vblock design: a one-lane pool of ``min(Q_r)`` virtual blocks of ``P * C`` tokens;
+    admission keeps no per-lane reservation (one lane: the total is the lane)."""
 
     name = "interleaved-vblock"
+    alloc: OnePoolAllocator
+    per_lane_reservation = False
 
     def __init__(self, config: SimConfig, policy: str, cost) -> None:
         super().__init__(config, cost)
         C, P = config.cp_size, config.page_size
         self.pages_per_unit = C  # pages of P tokens in one block
-        self.pool = OwnerLaneAllocator(
-            CPConfig(1, P * C, BALANCED, config.cp_strategy), min(config.lane_capacities)
+        self.lanes = OwnerLaneAllocator(
+            CPConfig(1, P * C, policy, config.cp_strategy), min(config.lane_capacities)
         )
-        self.alloc = OnePoolAllocator(self.pool, CPCompute(C, P, config.cp_strategy), BALANCED)
-        self.cache = PrefixCache(self.pool, host_pages_per_lane=config.host_pages_per_lane)
-        self.page_size, self.policy = P * C, BALANCED
+        self.alloc = OnePoolAllocator(self.lanes, CPCompute(C, P, config.cp_strategy))
+        self.cache = PrefixCache(self.lanes, host_pages_per_lane=config.host_pages_per_lane)
+        self.page_size = P * C
 
     def used_pages_per_rank(self) -> np.ndarray:
-        return np.full(self.cp_size, int(self.pool.used_pages_per_lane()[0]), dtype=np.int64)  # a page each
+        return np.full(self.cp_size, int(self.lanes.used_pages_per_lane()[0]), dtype=np.int64)  # a page each
 
     def step_traffic(self, rows, allocation: ExtendAllocation) -> float:
         C, plan = self.cp_size, allocation.plan
@@ -48,5 +51,5 @@ class VirtualBlockStorage(KVStorage):
         return self.traffic.add_allgathers(plan.max_rank_tokens, prefix)
 
     def scratch_allocator(self) -> OnePoolAllocator:
-        pool = OwnerLaneAllocator(self.pool.config, int(self.pool.lane_pages[0]))
-        return OnePoolAllocator(pool, self.alloc.compute, BALANCED)
+        lanes = OwnerLaneAllocator(self.lanes.config, int(self.lanes.lane_pages[0]))
+        return OnePoolAllocator(lanes, self.alloc.compute)

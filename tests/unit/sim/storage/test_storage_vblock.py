@@ -20,7 +20,7 @@ def test_virtual_block_hits_are_whole_blocks():
     for design in ("owner-lane", "interleaved-vblock"):
         run = PolicyRun(cfg, "balanced", reqs, kv_storage=design)
         seen, admitted = [], run.storage.admitted
-        run.storage.admitted = lambda r, seen=seen, admitted=admitted: (seen.append(r.done), admitted(r))
+        run.storage.admitted = lambda r, seen=seen, admitted=admitted: (seen.append(r.kv.length), admitted(r))
         m = run.run().metrics
         hits[design] = (seen, m["cache_hit_tokens"], m["prefill_tokens_recomputed"])
     assert hits["owner-lane"] == ([0, 524, 528], 1052, 0)
