@@ -6,6 +6,7 @@ and its page pool ``LanePool``.
   the state it was made under), commit that plan (``allocate``; ``alloc_extend`` is both), pick, build
   ``out_cache_loc``, take the pages;
 - ``one_page.py``: the path without the planner for batches whose requests take at most one new page;
+- ``aligned.py``: the path without the planner for a few requests whose prefixes end on page boundaries;
 - ``checks.py``: the checks of the calls' inputs (page ids, lanes, ``last_locs``; C-FAIL-FAST);
 - ``result.py``: ``ExtendAllocation``.
 
