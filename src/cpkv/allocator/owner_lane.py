@@ -187,7 +187,13 @@ class OwnerLaneAllocator:
                 page; two requests extending the same partly filled page. LaneExhausted: a lane is
                 short. In every case nothing is allocated.
         """
-        got = pick_aligned(self.pool, self.config, prefix_lens, extend_lens, last_locs)
+        # The page-aligned path writes slots on the host: where a kernel writes them on the device (C-KERNEL),
+        # the general path keeps that one launch.
+        got = (
+            None
+            if self._kernels
+            else pick_aligned(self.pool, self.config, prefix_lens, extend_lens, last_locs)
+        )
         if got is not None:
             return self._take(got)
         fast = self._alloc_one_page(prefix_lens, extend_lens, last_locs)
