@@ -171,6 +171,75 @@ class ShardedAlloc(SGLangAlloc):
         kw = {"rotation_bases": [None] * len(L0)} if self.kind == "sglang" else {}
         return alloc.alloc_extend(L0, L0, seq, seq, last, int(np.sum(extend_lens)), **kw)
 
+    @staticmethod
+    def call_args(prefix_lens, extend_lens, last_locs) -> tuple:
+        """SGLang's ``alloc_extend`` arguments as its scheduler builds them (before the call, untimed):
+        ``(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)``, int64 CPU
+        tensors (the device and host copies are one tensor on a CPU-only machine)."""
+        L0 = torch.tensor(np.asarray(prefix_lens, dtype=np.int64))
+        seq = L0 + torch.tensor(np.asarray(extend_lens, dtype=np.int64))
+        last = torch.tensor(np.asarray(last_locs, dtype=np.int64))
+        return L0, L0, seq, seq, last, int(np.sum(extend_lens))
+
+    def bases(self, B: int, given=None) -> dict:
+        """The keyword SGLang's sharded ``alloc_extend`` needs: ``rotation_bases`` of B new chains (None,
+        resolved in place) or the ``given`` bases of continued chains; cpkv takes none (C-HEAD: the owner
+        of each chain's last page is read from ``last_loc``)."""
+        if self.kind != "sglang":
+            return {}
+        return {"rotation_bases": [None] * B if given is None else list(given)}
+
+    def prompts(self, B: int, extend_len: int, calls: int) -> float:
+        """Seconds of ``calls`` ``alloc_extend`` calls, each of B new prompts of ``extend_len`` tokens in one
+        batch, SGLang's tensors in (built untimed) and ``out_cache_loc`` out; each call's slots are freed
+        untimed, so every call sees the same pool."""
+        alloc, total = self.fresh(), 0.0
+        args = self.call_args([0] * B, [extend_len] * B, [-1] * B)
+        for _ in range(calls):
+            kw = self.bases(B)
+            t0 = time.perf_counter()
+            out = alloc.alloc_extend(*args, **kw)
+            total += time.perf_counter() - t0
+            alloc.free(out)
+        return total
+
+    def frees(self, B: int, extend_len: int, calls: int) -> float:
+        """Seconds of ``calls`` x B ``free`` calls: B prompts of ``extend_len`` tokens allocated in one batch
+        (untimed), then each request's slots freed by its own call, as SGLang frees a finished request."""
+        alloc, total = self.fresh(), 0.0
+        args = self.call_args([0] * B, [extend_len] * B, [-1] * B)
+        for _ in range(calls):
+            out = alloc.alloc_extend(*args, **self.bases(B))
+            rows = out.split(extend_len)
+            t0 = time.perf_counter()
+            for row in rows:
+                alloc.free(row)
+            total += time.perf_counter() - t0
+        return total
+
+    def continued(self, seq_pages: np.ndarray, calls: int) -> tuple[float, np.ndarray]:
+        """The decode-like call SGLang's sharded allocator takes (it has no ``alloc_decode``, and its
+        ``alloc_extend`` asserts page-aligned prefixes): B chains of ``seq_pages`` whole pages prefilled in
+        one batch (untimed), then ``calls`` x one ``alloc_extend`` of 1 token for each chain (each starts a
+        page, on the lane the chain's rotation gives SGLang, the balanced lane cpkv), the chains' last slots
+        as ``last_loc`` and, for SGLang, their rotation bases; each call's slots are freed untimed.
+
+        Returns ``(seconds, out_cache_loc of the last call [B])``."""
+        alloc, B, P = self.fresh(), seq_pages.shape[0], self.P
+        kw = self.bases(B)
+        pre = alloc.alloc_extend(*self.call_args([0] * B, seq_pages * P, [-1] * B), **kw)
+        L0 = seq_pages * P
+        last = pre.numpy()[np.cumsum(L0) - 1]
+        args = self.call_args(L0, [1] * B, last)
+        total, out = 0.0, None
+        for _ in range(calls):
+            given = self.bases(B, kw.get("rotation_bases"))
+            t0 = time.perf_counter()
+            out = alloc.alloc_extend(*args, **given)
+            total += time.perf_counter() - t0
+            alloc.free(out)
+        return total, out.numpy()
+
 
 # ------------------------------------------------------------------------------------ prefix cache
 class _Replay:

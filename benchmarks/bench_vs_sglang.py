@@ -12,7 +12,9 @@ request; decode steps of 64 and 256 requests; the prefix-cache replay of the fir
 requests at 8,192 and 65,536 pages. cpkv runs at cp_size 1 (identical work: same pages, same slots)
 and, as extra columns, at cp_size 8 (the same tokens spread over 8 lanes). The sharded rows compare, on the
 same SGLang calls at C = 8, SGLang's ``PageInterleavePoolAllocator`` (SGLang column) with cpkv's
-``OwnerLaneTokenToKVPoolAllocator`` (cpkv column). See README.md.
+``OwnerLaneTokenToKVPoolAllocator`` (cpkv column): ``alloc_extend`` of one 64-token prompt, of 8 prompts of
+1,024 tokens in one batch, of one 8,192- and one 65,536-token prompt, ``free`` per request, and a decode-like
+``alloc_extend`` (``run_sharded``), over 21 rounds. See README.md.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import oracle  # noqa: E402  (the independent per-token reference in tests/)
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 P = 64
+SHARDED_ROUNDS = {False: 21, True: 5}  # alternated rounds of the sharded rows (by --quick)
 HIT_TOLERANCE = 0.005  # hit tokens of the two caches must agree within 0.5 %
 
 
@@ -196,24 +199,11 @@ def main() -> None:
         fns = {k: (lambda v=v: v.extend_free(64, calls)) for k, v in c.items()}
         add("one 64-token request", alternate(rounds, fns), calls, "us/call", 1e6)
 
-    # Sharded, C = 8: SGLang's PageInterleavePoolAllocator against cpkv's SGLang allocator on the same calls
-    # (SGLang column: PageInterleavePoolAllocator; cpkv C=1 column: cpkv's OwnerLaneTokenToKVPoolAllocator
-    # at C = 8). SGLang's sharded allocator has no decode allocation (prefill nodes only).
-    for E in ([8192, 64] if quick else [8192, 65536, 64]) if "sharded" in groups else []:
-        pages, calls = (
-            E // P + 64,
-            (50 if quick else 500) if E == 64 else max(1, (1 << 20) // E // (16 if quick else 1)),
-        )
-        c = {"cpkv": ShardedAlloc(sg, "cpkv", 8, P, pages), "sglang": ShardedAlloc(sg, "sglang", 8, P, pages)}
-        check_sharded(c)
-        fns = {k: (lambda v=v, E=E, calls=calls: v.extend_free(E, calls)) for k, v in c.items()}
-        add(
-            f"sharded C=8 extend+free {E:,} (SGLang: PageInterleave)",
-            alternate(rounds, fns),
-            calls,
-            "us/call" if E == 64 else "ms/call",
-            1e6 if E == 64 else 1e3,
-        )
+    # Sharded, C = 8: SGLang's PageInterleavePoolAllocator (SGLang column) against cpkv's SGLang allocator,
+    # OwnerLaneTokenToKVPoolAllocator at C = 8 (cpkv C=1 column), on the same SGLang calls: alloc_extend of new
+    # prompts, free of finished requests, and the decode-like call (run_sharded).
+    if "sharded" in groups:
+        run_sharded(sg, quick, add, SHARDED_ROUNDS[quick])
 
     # Decode steps: B requests of random lengths (prefilled untimed), then `steps` steps of all of them.
     steps = 8 if quick else 64
@@ -276,7 +266,8 @@ def main() -> None:
 
     print()
     print_table(
-        f"cpkv / SGLang {sg.version} (medians of {rounds} alternated rounds; ratio < 1: cpkv faster)",
+        f"cpkv / SGLang {sg.version} (medians of {rounds} alternated rounds, sharded rows "
+        f"{SHARDED_ROUNDS[quick]}; ratio < 1: cpkv faster)",
         HEADER,
         rows,
     )
@@ -294,6 +285,60 @@ def main() -> None:
             "cases": out,
         },
     )
+
+
+def run_sharded(sg, quick: bool, add, rounds: int) -> None:
+    """The sharded rows (C = 8, P = 64), each timed over ``rounds`` alternated rounds: ``alloc_extend`` of one
+    64-token prompt, of 8 prompts of 1,024 tokens in one batch, of one 8,192- and one 65,536-token prompt
+    (SGLang's tensors in, ``out_cache_loc`` out; freed untimed); ``free`` of 8 requests of 1,024 tokens, one
+    call each; and the decode-like call: one token for each of 64 chains that end on a page boundary (SGLang's
+    sharded allocator has no ``alloc_decode`` and extends only page-aligned prefixes; ``ShardedAlloc.continued``)."""
+    C = 8
+    cases = [(1, 64, 50 if quick else 400), (8, 1024, 5 if quick else 40), (1, 8192, 5 if quick else 40)]
+    cases += [] if quick else [(1, 65536, 8)]
+    for B, E, calls in cases:
+        pages = B * -(-E // P) + 8 * C
+        c = {k: ShardedAlloc(sg, k, C, P, pages) for k in ("cpkv", "sglang")}
+        check_sharded(c)
+        fns = {k: (lambda v=v, B=B, E=E, calls=calls: v.prompts(B, E, calls)) for k, v in c.items()}
+        what = "one prompt" if B == 1 else f"{B} prompts (one batch)"
+        add(
+            f"sharded C=8 alloc_extend, {what} of {E:,} tokens", alternate(rounds, fns), calls, "us/call", 1e6
+        )
+    calls = 5 if quick else 40
+    c = {k: ShardedAlloc(sg, k, C, P, 8 * 16 + 8 * C) for k in ("cpkv", "sglang")}
+    fns = {k: (lambda v=v: v.frees(8, 1024, calls)) for k, v in c.items()}
+    add(
+        "sharded C=8 free, 8 requests of 1,024 tokens (a call each)",
+        alternate(rounds, fns),
+        calls * 8,
+        "us/call",
+        1e6,
+    )
+    B, calls = 64, 20 if quick else 200
+    seq_pages = np.random.default_rng(B).integers(1, 33, B)
+    c = {k: ShardedAlloc(sg, k, C, P, int(seq_pages.sum()) + 2 * B + 8 * C) for k in ("cpkv", "sglang")}
+    check_continued(c, seq_pages)
+    fns = {k: (lambda v=v: v.continued(seq_pages, calls)[0]) for k, v in c.items()}
+    add(
+        f"sharded C=8 decode-like alloc_extend, {B} chains x 1 token",
+        alternate(rounds, fns),
+        calls,
+        "us/call",
+        1e6,
+    )
+
+
+def check_continued(contenders: dict, seq_pages: np.ndarray) -> None:
+    """Both allocators give each continued chain one slot, the first of a page no chain holds (a distinct
+    page per chain, never a padding page). SystemExit otherwise."""
+    for name, a in contenders.items():
+        _, out = a.continued(seq_pages, 1)
+        pages = np.unique(out // P)
+        if out.shape[0] != seq_pages.shape[0] or (out % P).any() or pages.shape[0] != out.shape[0]:
+            raise SystemExit(f"check failed: {name}'s decode-like slots {out[:8].tolist()} ...")
+        if pages.min() < a.C:
+            raise SystemExit(f"check failed: {name} handed out padding page {int(pages.min())}")
 
 
 def check_unbounded(sg, prompts, page_size) -> None:

@@ -6,6 +6,7 @@ its page pool ``LanePool`` and the contract the simulator's scheduler drives it 
   was made under recorded), commit that plan (``allocate``; ``alloc_extend`` is both), pick, build
   ``out_cache_loc``, take the pages;
 - ``one_page.py``: the path without the planner for batches whose requests take at most one new page;
+- ``aligned.py``: the path without the planner for a few requests whose prefixes end on page boundaries;
 - ``checks.py``: the checks of the calls' inputs (page ids, lanes, ``last_locs``, draft lengths; C-FAIL-FAST);
 - ``stamp.py``: what each plan was made under, and which plans committed (plan, then commit);
 - ``protocol.py``: ``PageAllocator``, the calls the scheduler makes of any storage design's allocator;

@@ -22,6 +22,7 @@ from ..planner import plan_arrays
 from ..policy import balanced_phases, cyclic_lane_pages, follows_free_pages
 from ..slots import extend_slots
 from ..validate import as_int, as_int_array, lengths, per_lane_ints
+from .aligned import pick_aligned
 from .checks import (
     check_pool_size,
     check_shared_heads,
@@ -30,7 +31,7 @@ from .checks import (
     lane_array,
     page_id_array,
 )
-from .one_page import OnePageTables, pick_one_page
+from .one_page import OnePage, OnePageTables, pick_one_page
 from .pool import LanePool
 from .result import ExtendAllocation
 from .stamp import Commits
@@ -215,6 +216,15 @@ class OwnerLaneAllocator:
                 page; two requests extending the same partly filled page. LaneExhausted: a lane is
                 short. In every case nothing is allocated.
         """
+        # The page-aligned path writes slots on the host: where a kernel writes them on the device (C-KERNEL),
+        # the general path keeps that one launch.
+        got = (
+            None
+            if self._kernels
+            else pick_aligned(self.pool, self.config, prefix_lens, extend_lens, last_locs)
+        )
+        if got is not None:
+            return self._take(got)
         fast = self._alloc_one_page(prefix_lens, extend_lens, last_locs)
         return fast if fast is not None else self._alloc_planned(prefix_lens, extend_lens, last_locs)
 
@@ -224,8 +234,10 @@ class OwnerLaneAllocator:
         """``alloc_extend`` (``extend_lens`` None: ``alloc_decode``) of a batch whose requests each take at
         most one new page, without the planner (``one_page.py``); None when that path declines."""
         got = pick_one_page(self.pool, self._one_page, self.config, prefix_lens, extend_lens, last_locs)
-        if got is None:
-            return None
+        return None if got is None else self._take(got)
+
+    def _take(self, got: OnePage) -> ExtendAllocation:
+        """Commit what a path without the planner picked (``one_page.py``, ``aligned.py``), plan deferred."""
         slots, new_pages, counts, make_plan = got
         out_cache_loc = self._on_device(slots)
         if counts is not None:

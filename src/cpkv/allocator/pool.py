@@ -88,6 +88,10 @@ class LanePool:
         free: np.ndarray = self._usable[pages] > self._taken[pages]
         return free
 
+    def holds(self, page: int) -> bool:
+        """Whether page id ``page`` (a Python int, any value) is handed out; False outside ``[0, num_pages)``."""
+        return 0 <= page < self.num_pages and bool(self._taken[page])
+
     def exists(self, page: int) -> bool:
         """Whether page id ``page`` (in ``[0, num_pages)``) exists on its lane and is not page 0."""
         return bool(self._usable[page])
@@ -219,6 +223,21 @@ class LanePool:
                 return None
             pos.append(top[f] - taken[f])
         return self._stack[pos], np.array(taken, dtype=_I64)
+
+    def pick_few(self, run_owner: list[int], run_pages: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """``pick`` of a few runs given as Python lists (owner lanes in ``[0, C)``, pages >= 1 each), or None
+        when a lane is short: each run's first page on its lane's stack found in Python, all pages in one
+        expansion; the same pages as ``pick``. Example as ``pick``: runs [3, 3], pages [2, 1] -> [3, 7, 11]."""
+        top = (self._base + self._top).tolist()  # [C] one past each lane's top in _stack
+        avail = self._top.tolist()
+        taken, start = [0] * self.cp_size, []
+        for r, k in zip(run_owner, run_pages, strict=True):
+            start.append(top[r] - 1 - taken[r])
+            taken[r] += k
+        if any(t > a for t, a in zip(taken, avail, strict=True)):
+            return None
+        idx = expand_runs(np.array(start, dtype=_I64), np.array(run_pages, dtype=_I64), step=-1)
+        return self._stack[idx], np.array(taken, dtype=_I64)
 
     def commit(self, pages: np.ndarray, counts: np.ndarray) -> None:
         """Take the pages ``pick`` chose: pop ``counts[r]`` pages off every lane's stack."""

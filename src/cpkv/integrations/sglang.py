@@ -27,12 +27,37 @@ from ..planner import BatchPlan
 from ..validate import as_int_array
 
 _I64 = np.int64
+_TORCH_I64 = torch.int64
 
 
 def _host(name: str, values) -> np.ndarray:
     """``values`` (a tensor on any device: one device-to-host copy; or a sequence) as int64 numpy ``[n]``,
-    read flat (SGLang hands over ``[B]`` and ``[B, 1]`` tensors); AllocatorError naming ``name`` otherwise."""
+    read flat (SGLang hands over ``[B]`` and ``[B, 1]`` tensors); AllocatorError naming ``name`` otherwise.
+
+    SGLang's own case, an int64 CPU tensor without grad, is read in place (the tensor's memory, not a copy:
+    callers never write it); anything else goes through ``as_int_array``'s checks."""
+    if (
+        type(values) is torch.Tensor
+        and values.dtype is _TORCH_I64
+        and values.is_cpu
+        and not values.requires_grad
+    ):
+        arr = values.numpy()
+        return arr if arr.ndim == 1 else arr.reshape(-1)
     return as_int_array(name, values, error=AllocatorError, flatten=True)
+
+
+def _pages_of(slots: np.ndarray, page_size: int) -> np.ndarray:
+    """The distinct pages of ``slots`` (int64 ``[n]``), ascending: ``np.unique(slots // page_size)``, with
+    runs of one page dropped to one entry first (a request's slots run page by page, so the sort that
+    follows sees about one entry a page). Example P=4: ``[9, 10, 11, 4, 5]`` -> ``[1, 2]``."""
+    pages = slots // page_size
+    if pages.shape[0] > 1:
+        first = np.empty(pages.shape[0], dtype=bool)  # [n] whether each entry starts a run of one page
+        first[0] = True
+        np.not_equal(pages[1:], pages[:-1], out=first[1:])
+        pages = pages[first]
+    return np.unique(pages)
 
 
 class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
@@ -258,7 +283,7 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         if self.free_group is not None:
             self.free_group.append(free_index.clone())
             return
-        self._release(np.unique(_host("free_index", free_index) // self.page_size))
+        self._release(_pages_of(_host("free_index", free_index), self.page_size))
 
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         """Free row positions ``start_pos ..`` of one request: pages ``free_index[::P] // P``, each once.
@@ -299,7 +324,7 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         slots, ids = self.free_group, self.free_page_ids_group
         self.free_group, self.free_page_ids_group = None, []
         by_slot = (
-            np.unique(_host("free_index", torch.cat(slots)) // self.page_size) if slots else np.zeros(0, _I64)
+            _pages_of(_host("free_index", torch.cat(slots)), self.page_size) if slots else np.zeros(0, _I64)
         )
         by_id = _host("page_ids", torch.cat(ids)) if ids else np.zeros(0, _I64)
         self._release(np.concatenate([by_id, by_slot]))
