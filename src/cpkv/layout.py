@@ -60,17 +60,10 @@ class SharedKVLayout:
     translation writes into it and returns it, so repeated translations allocate nothing (if it raises,
     ``out`` may hold part of the result; ``slots`` is never changed).
 
-    Range checks never sync a device: on the host (numpy, CPU tensors) a slot ``>= num_slots`` raises
-    LayoutError; on another device (CUDA) the check is queued there (``torch._assert_async``): an
-    out-of-range slot fails the stream with a device-side assert at the next sync, which leaves the CUDA
-    context unusable, so ``check=False`` (every translation takes it) skips the device check where the
-    caller vouches for its slots (e.g. the allocator's ``out_cache_loc``). A ``meta`` tensor (no data) is
-    refused with LayoutError.
-
-    A ``replicated`` pool (C-POOL; e.g. the KV of a draft model whose attention has no cross-rank softmax
-    merge) has no owners: every rank holds all its ``Q`` pages, slots translate as with C = 1 on every
-    rank (``read_slots`` and ``write_slots`` return the slot itself, the row in each rank's full copy),
-    and the owner translations ``lane_of`` and ``owned_mask`` raise ``PoolKindError``.
+    Range checks never sync a device: on the host a slot ``>= num_slots`` raises LayoutError; on CUDA the
+    check is queued (``torch._assert_async``, a device-side assert at the next sync) unless ``check=False``,
+    where the caller vouches for its slots. A ``replicated`` pool (C-POOL) translates as C = 1 on every rank;
+    its ``lane_of`` and ``owned_mask`` raise ``PoolKindError``.
 
     Attributes:
         cp_size: lanes (C >= 1). page_size: slots per page (P >= 1). pages_per_lane: pages per lane (Q >= 1);

@@ -256,18 +256,8 @@ def _runs(
     """C-HEAD and C-ZIGZAG at run granularity: ``(m, page_owners, runs, last_token_owner)``: new pages int64
     ``[B]``, the owner of every new page int64 ``[sum m]``, the ``TokenRuns`` and each request's last token's
     owner int64 ``[B]`` (-1 when E == 0). ``E``, ``h`` (head tokens), ``head`` (recorded head owner, -1
-    where h == 0) and ``phase`` are int64 ``[B]``.
-
-    Per request a table row of 2C + 1 runs: column 0 its head run (h tokens, no new page), then its 2C
-    zigzag segments. The ``t = E - h`` tokens after the head start a new page, so ``m = ceil(t / P)``;
-    segment s holds ``m // 2C`` pages, one more for the first ``m % 2C``, goes to zigzag rank
-    ``z = s if s < C else 2C-1-s`` and is owned by lane ``(z + phase) % C`` (``_segment_rows``: from tables
-    made once per cp_size up to 64 lanes, computed above). A segment holds ``P * pages`` tokens, except the
-    request's last non-empty one (column ``min(m, 2C)``; segments fill in order), which lacks ``(-t) % P``
-    tokens; that column's owner owns the last token (the head's when m == 0). Page owners are ``np.repeat``
-    of the owners by the pages: no per-page arithmetic; empty runs are dropped. Example P=64, C=2, L0=100, E=200, head owner 1, phase 1: h=28, m=3,
-    segments [1, 1, 1, 0] on ranks [1, 0, 1, 0] -> runs (rank, tokens) (1, 28), (1, 64), (0, 64), (1, 44);
-    C=4, m=16, phase 0: page owners [0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0].
+    where h == 0) and ``phase`` are int64 ``[B]``. Derivation: docs/placement.md. Example C=4, m=16, phase
+    0: page owners [0,0,1,1,2,2,3,3,3,3,2,2,1,1,0,0].
     """
     B, S = E.shape[0], 2 * C
     t = E - h  # [B] tokens on new pages

@@ -146,31 +146,14 @@ def balanced_phases(
 def balanced_phase(
     free: list[int], transient: list[int], m: int, rotation: int, partial: bool, interleave: bool = False
 ) -> int:
-    """C-BALANCED phase of one request of ``m >= 1`` new pages (the one rule, also for one-page requests);
-    pages counted by C-ZIGZAG, or by C-INTERLEAVE when ``interleave``.
+    """C-BALANCED phase of one request of ``m >= 1`` new pages, pages counted by C-ZIGZAG (or C-INTERLEAVE
+    when ``interleave``); the criteria are C-BALANCED's, the O(C) derivation is in docs/placement.md.
 
-    ``free``: each lane's free pages (``C`` ints) after the batch's earlier requests; ``transient``: the
-    partly filled last pages those requests took per lane (``t_r``); both are updated here by this
-    request's pages. ``partial``: whether the extend leaves its last new page partly filled
-    (``(L0 + E) % P != 0``), which makes that page transient: not kept (``k_r``), yet it must fit.
-    With ``g_r = free_r + t_r`` the phase maximises, in order, (0) whether every lane fits,
-    (1) ``min_r(g_r - k_r(f))`` then ``sum_r k_r(f) * g_r`` when the request keeps a page, else
-    ``min_r(free_r - n_r(f))`` then ``sum_r n_r(f) * free_r``, then takes (2) the first such phase
-    cyclically from ``rotation``.
-
-    O(C) integer work. C-ZIGZAG gives zigzag rank z ``2 * (m // 2C) + [z < rem] + [2C-1-z < rem]`` pages
-    (``rem = m % 2C``): ``K`` on every rank plus one on a window of ``w < C`` consecutive ranks from rank
-    ``s``; phase f moves rank z to lane ``(z + f) % C``. ``rem < C``: ``K = 2 * (m // 2C)``, window
-    ``[0, rem)``; ``rem >= C``: ``K = 2 * (m // 2C) + 1``, window ``[2C - rem, C)``. The last page is on rank
-    ``zl`` (0 when ``m >= 2C``, else the rank of segment ``m - 1``), lane ``(zl + f) % C``. C-INTERLEAVE has
-    the same shape: ``K = m // C`` on every lane, the window ``[0, m % C)`` of ranks ``k = 0, 1, ...`` (page k
-    on lane ``(k + f) % C``), the last page on rank ``(m - 1) % C``. Each criterion is then a window count
-    or sum over prefix sums of the doubled lane arrays:
-    ``min_r(x_r - n_r(f)) = min(x) - K - [the window holds a least-x lane]``; with the transient page the
-    minimum of ``e_r = g_r - K - [r in window]`` rises by one exactly when its only minimiser is the
-    last page's lane. Examples: C=4, free [7, 8, 8, 8], m=3 (whole pages), rotation 0: only phase 1
-    (lanes 1-3) leaves out lane 0, the least free; C=8, a fresh pool, eight 65-token prompts of P=64 in
-    one batch (m=2, the second page transient): phases 1, 2, 3, 4, 5, 6, 7, 7.
+    ``free``: free pages per lane (``C`` ints) after the batch's earlier requests; ``transient``: the partly
+    filled last pages those requests took per lane (``t_r``); both are updated in place by this request.
+    ``partial``: the extend leaves its last new page partly filled (``(L0 + E) % P != 0``), so that page is
+    transient. ``rotation``: the C-PHASE phase, which wins ties. Returns the phase, an int in ``[0, C)``.
+    Example: C=4, free [7, 8, 8, 8], m=3 (whole pages), rotation 0 -> 1 (lanes 1-3 leave out lane 0).
     """
     C = len(free)
     if m == 1:  # one page: the window is the page's own lane f
@@ -183,7 +166,7 @@ def balanced_phase(
             # an earlier request of the batch left a lane short (free < 0: the simulator plans before it
             # evicts), criterion 0 read literally lets no phase fit; a lane with a free page is still
             # preferred here, so the page does not go to a lane whose only pages the batch holds
-            # (measured: the literal reading gives the 24-prompt burst at Q=3 1.5 and 5 lane exhaustions).
+            # (C-BALANCED's recorded deviation).
             fits = any(v > 0 for v in free)
             best, f = None, rotation
             for d in range(C):

@@ -1,18 +1,8 @@
 """Lane-aware LRU order of the prefix cache's runs (SPEC section 8, C-RELOAD eviction order).
 
-``PrefixCache.evict(lane, n)`` asks again and again for the unlocked device run that holds the least
-recently used page of ``lane``: among the runs with a page on that lane, the oldest stamp, the deepest
-run on a tie (all pages of a run share one stamp, and a use stamps its whole path at once, so the runs
-of one stamp lie on one path and the deepest holds the oldest pages).
-
-Binary heaps of ``(stamp, -end, nid, run)``, filled lazily: runs whose stamp changed or that became
-evictable wait in a queue, and are pushed, once per stamp, when eviction next asks: a run with pages on
-every lane (most runs of a long prompt) on one shared heap, any other run on the heaps of the lanes it
-holds. ``pop(lane)`` takes the smaller of the two heads, its lane's and the shared one. Entries are never
-removed in place: a popped entry whose run was stamped again, locked, evicted or removed since is skipped
-(lazy deletion); a run whose pages change (a split, a refill) is pushed again, and its entry on the shared
-heap dies once it no longer has every lane. A heap that grows past twice its live size plus 1024 entries
-is rebuilt, so the work stays O(log n) per push and pop, amortised.
+``pop(lane)`` gives the unlocked device run holding the least recently used page of ``lane`` (oldest
+stamp, deepest run on a tie), from lazily filled binary heaps of ``(stamp, -end, nid, run)``: O(log n)
+per push and pop, amortised. The heap scheme: docs/prefix-cache.md, "The LRU heaps".
 """
 
 from __future__ import annotations

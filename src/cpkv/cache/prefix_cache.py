@@ -1,42 +1,21 @@
 """Prefix cache of one CP group over the owner-lane allocator (SPEC section 8: C-RELOAD, C-LOCK).
 
-A radix tree of page runs (``radix.py``) keyed by token ids at page granularity; per page it keeps the
-device page id (lane = ``page % C``, the owner) or, once evicted with write-back, a host copy and the
-**recorded owner lane**. A run is all on device or all host-only; device runs form a prefix-closed set.
-Load-back replays the recorded lanes (never a recomputed phase); when a lane is short it evicts on that
-lane, retries once, then treats the rest of the prefix as a miss and counts
-``load_back_owner_lane_capacity_failed``: no request ever waits on one lane.
+A radix tree of page runs (``radix.py``) keyed by token ids at page granularity; per page the device page
+id (lane = ``page % C``, the owner) or, once evicted with write-back, a host copy and the **recorded owner
+lane**. Load-back replays the recorded lanes; a lane still short after evicting on it ends the prefix
+there (``load_back_owner_lane_capacity_failed``): no request waits on one lane.
 
 Ownership contract (who frees what; the simulator and the executor rely on it):
-- ``match_prefix`` changes no ownership. Matched device pages belong to the tree; a caller that uses them
-  across other cache calls must ``lock(match.handle)`` first (locked pages are never evicted).
+- ``match_prefix`` changes no ownership; a caller that uses the matched pages across other cache calls
+  must ``lock(match.handle)`` first (locked pages are never evicted).
 - ``load_back`` allocates the loaded pages and gives them to the tree (not to the caller).
-- ``insert(token_ids, slots)``: the caller hands over every full page of ``slots``. Afterwards the tree
-  owns ``result.pages``; a caller page that duplicated a cached page was freed back to the allocator, so
-  the caller must switch its ``req_to_token`` row to ``result.slots``. The partial last page stays the
-  caller's, to free itself (or to hand over by a later ``insert`` once full).
+- ``insert(token_ids, slots)``: the tree takes every full page of ``slots`` and owns ``result.pages``; a
+  duplicate caller page is freed, so the caller switches its ``req_to_token`` row to ``result.slots``. The
+  partial last page stays the caller's.
 - ``evict`` frees device pages back to the allocator (one ``free`` call per ``evict``); nothing else ever
   frees a tree page.
 
-Engine flow for one request (``t`` its token ids, ``row`` its ``req_to_token`` slots; ``flow.py``'s
-``RequestFlow`` / ``RequestKV`` is this flow as code, which the simulator and the executor use)::
-
-    m = cache.load_back(cache.match_prefix(t[:-1]))   # load_back right after the match (else: stale)
-    cache.lock(m.handle)
-    ext = alloc.alloc_extend([m.device_len], [len(t) - m.device_len], [m.last_loc])
-    #   on LaneExhausted e: cache.evict(e.lane, e.needed - e.available), retry once
-    row = concat(m.device_slots, ext.out_cache_loc)
-    r = cache.insert(t, row); row[:len(r.slots)] = r.slots      # after each chunk and at the end
-    cache.lock(r.handle); cache.unlock(m.handle)                # move the lock to the longer prefix
-    # finished: cache.unlock(r.handle); alloc.free([row[len(r.slots)] // P]) if a partial page is left
-
-Locks (C-LOCK) are counted per handle; a handle names a prefix as it stood on device and goes stale once
-its pages leave. Eviction takes the least recently used page of the lane with its device subtree, per
-run one numpy cut and one allocator ``free`` per call (``eviction.py``); with a host tier pages are
-written back ancestors first (``writeback.py``). Both are explained in ``docs/prefix-cache.md``. Counts,
-stamps and host-copy locations live in one ``CacheBook`` (``book.py``), the interface through which the
-helper modules change them. Every decision is deterministic, so the ranks of a group that replay the
-same calls keep identical trees; ``backup_fn`` and ``restore_fn`` of rank r move only lane r's pages.
+The engine flow (``flow.py`` as code), runs, handles, eviction order and write-back: docs/prefix-cache.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """Radix tree of page runs: match, insert, split, per-handle lock counts (SPEC section 8, C-LOCK).
 
 A node holds a **run** of whole pages: ``tokens`` (int64 ``[num_pages * P]``, the token ids of its pages)
-and ``vals`` (int64 ``[num_pages, F]``, F opaque per-page integers of the tree's user; the prefix cache
-keeps page id, owner lane and host key there). A node's pages follow its parent's last page; children are
-keyed by the bytes of their first page's P token ids, so a match is always a whole number of pages.
-Runs split when a key diverges inside them, when a lock or touch ends inside them, or when their lower
-pages leave (partial eviction). This module knows nothing of owners, lanes or host copies.
+and ``vals`` (int64 ``[num_pages, F]``, F opaque per-page integers of the tree's user). Children are keyed
+by the bytes of their first page's P token ids, so a match is always a whole number of pages. This module
+knows nothing of owners, lanes or host copies.
 
-**Split keeps the lower part.** ``split(node, at)`` makes a *new* node for the upper pages ``[0, at)`` and
-keeps the original object for the lower pages, so every reference to a node (a handle, an LRU entry) still
-names the same last page. Depths are absolute page counts from the root (``node.start .. node.end``) and
-never change for a page; a node's ``end`` never changes at all.
-
-**Handles.** A ``Handle`` names the page-aligned prefix ``[0, depth)`` through a node that held page
-``depth - 1`` when the handle was made; ``resolve`` walks up to the node that holds it now (an upper part
-split off since). Locks are counted per handle: ``lock`` splits the node so that the handle ends at a node
-end and adds one to that node's ``own_locks``; ``lock_ref`` (locks at or below a node) goes up along the
-path. ``unlock`` needs ``own_locks > 0`` at exactly that end, so an unlock through another handle (an
-ancestor's, a never-locked one) raises ``PrefixCacheError`` and changes nothing; no count goes negative.
-Example (P=4, one run [A, B]): handle b = depth 2, handle a = depth 1. ``lock(b)``: own_locks of [A, B] is
-1 and lock_ref 1; ``unlock(a)`` resolves to [A, B] whose end is 2, not 1: raises. After a split at 1 the
-nodes are [A] (lock_ref 1, own 0) and [B] (lock_ref 1, own 1): ``unlock(a)`` still raises.
+``split(node, at)`` makes a *new* node for the upper pages ``[0, at)`` and keeps the original object for
+the lower ones, so a handle or LRU entry still names the same last page; depths (``node.start ..
+node.end``) are absolute and a node's ``end`` never changes. A ``Handle`` names the prefix ``[0, depth)``;
+locks are counted per handle (``own_locks`` at its end, ``lock_ref`` along the path), and an ``unlock``
+through another handle raises ``PrefixCacheError`` and changes nothing. Worked example: docs/prefix-cache.md.
 """
 
 from __future__ import annotations

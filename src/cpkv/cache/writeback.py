@@ -1,19 +1,11 @@
 """Write-back of evicted runs to the host tier (SPEC section 8, C-RELOAD).
 
-``PrefixCache.evict`` first chooses the runs to evict and takes them off the device; ``write_back``
-then decides, page by page over those runs ancestors first (each run top-down), what becomes of them:
-- a page below a page dropped in this call is dropped too (with its old copy, if any);
-- a page that already has a host copy keeps it and becomes host-only;
-- otherwise its owner lane's shard takes a new copy: at once if it has room, else after dropping the
-  shard's least recently used copy that no load-back pins and that is not of a page this call evicts
-  (a copy of a device page just goes; a host-only page goes with everything below it). A shard that
-  cannot make room drops the page, and everything below it, instead.
-
-Ancestors first, so a copy is never written for a page that the same call then drops (the per-page tree
-of cpkv 0.1 wrote pages back deepest first and could drop a copy it had just written). The decisions are
-made without changing anything, then ``backup_fn`` runs for every new copy, and only then does the cache
-change: an exception of ``backup_fn`` leaves host tier and tree as they were (``evict`` puts the runs
-back on device).
+``write_back`` decides, page by page over the runs ``PrefixCache.evict`` took off the device, ancestors
+first: a page below a page dropped in this call is dropped too; a page with a host copy keeps it; otherwise
+its owner lane's shard takes a new copy, making room by dropping its least recently used unpinned copy not
+evicted by this call, or the page (and everything below it) is dropped. The decisions are made first, then
+``backup_fn`` runs for every new copy, and only then does the cache change: an exception of ``backup_fn``
+leaves host tier and tree as they were. Why ancestors first: docs/prefix-cache.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
 """Every step priced from measured operator latencies of one GPU, model and engine (SPEC C-COST).
 
-Reference: aiconfigurator's own composition of DeepSeek-V3.2 prefill CP on SGLang (``aic.py``): each rank
-runs attention over its own tokens, the MoE runs expert-parallel over the group's GPUs after an all-gather
-of the hidden states, and a reduce-scatter brings each rank's rows back. cpkv replaces only what owner
-lanes change: each rank's tokens and position runs come from its plan, and there is no per-layer
-all-gather of the KV (each rank writes its own pages). Rank ``r`` of a prefill step works
+Rank ``r`` of a prefill step works
 
     linear_r    = per_token(n_r) + group(T) + logits(B)
     attention_r = F [n_r > 0] + sum over r's runs [a, b) of (attention(b - a, a) - F)
     comm_r      = dispatch(C * M) + allgather(M rows of hidden states)      (gather-back, C-GATHER)
 
 with ``n_r`` its tokens, ``T`` the step's tokens, ``B`` its requests, ``M = max_r n_r`` and
-``F = attention(1, 0)`` the module's fixed cost, paid once per rank (the kernels of all its runs launch
-together); ``attention(s, p)`` is the measured DSA module of ``s`` queries after ``p`` keys, so a run's
-price covers its ``b - a`` queries over ``b`` keys, prefix included. Decode tokens (colocated decode,
-MTP verify) are priced from the generation tables on the rank that owns their page: the decode module
-at the rank's tokens and their mean context, the decode MoE block over the group's decode tokens. In a
-step with both, the token-parallel parts, the MoE and its communication run once over all of them.
-Not priced: queueing across CP groups, scheduling or launch overhead beyond what the tables hold, reads
-of other lanes' KV (``comm.remote_read_ms`` prices them for a caller that models them).
+``F = attention(1, 0)``; decode tokens are priced from the generation tables on the rank that owns their
+page. The composition (aiconfigurator's, ``aic.py``, less the per-layer KV all-gather owner lanes remove)
+and what is not priced: docs/cost-model.md, "What a step costs".
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """Per-rank context-parallel prefill forward over the shared paged KV (SPEC C-LAYOUT, C-GATHER).
 
-Rank r, for one ``ForwardBatch``:
-
-1. takes its tokens, ``own = flatnonzero(token_owner == r)`` (ascending flat order; C-OWNER-EQ-COMPUTE);
-2. embeds only those tokens;
-3. per layer: computes their K/V rows (and, for ``nsa``, their index keys ``k_I``) and writes them into
-   its own lane of each pool (``write_slots``), then the write fence (a collective) so every rank's rows
-   of this layer are visible; then attention of its queries over every earlier position of the request,
-   read from the rank-major view (``read_slots``, prefix pages of any lane included): dense causal
-   attention, or the indexer, top-k and sparse MLA (``nsa.py``); then the MLP; its hidden states stay
-   local for the next layer;
-4. after the last layer, the gather-back (``gather_back``): pads its rows to ``max_rank_tokens``,
-   all-gathers in rank order and indexes with ``gather_index``, giving the batch's final hidden states
-   (and, for ``nsa``, every layer's top-k rows) in flat order (C-GATHER).
-
-Under ``kv_access = local`` (SPEC C-MERGE) step 3's attention reads no other lane: the queries are
-all-gathered, every rank computes partials over its own keys and each query's owner merges them
-(``local_attention.py``); the rest is the same.
-
-Every step where a rank can fail ends in ``RankGroup.run`` (error agreement), so no rank is left behind
-in a collective.
+Rank r embeds only its own tokens (``token_owner == r``, C-OWNER-EQ-COMPUTE); per layer it writes their
+K/V rows (and, for ``nsa``, index keys) into its own lane at ``write_slots``, passes the write fence, then
+attends over every earlier position of the request through the rank-major view at ``read_slots`` (dense,
+or indexer + top-k + sparse MLA, ``nsa.py``; under ``kv_access = local``, per-lane partials merged by the
+query's owner, C-MERGE). After the last layer the gather-back all-gathers ``max_rank_tokens`` rows a rank
+and indexes with ``gather_index`` (C-GATHER). Every step where a rank can fail ends in ``RankGroup.run``
+(error agreement). Step by step: docs/distributed.md, "One forward on rank r".
 """
 
 from __future__ import annotations
@@ -73,8 +60,8 @@ class WriteAudit:
     and after its own write (one audit per pool). Direct write holds when
     ``rows_outside_lane == rows_unexpected == rows_misread == 0``: the rank changed only rows of its own
     lane, only the rows of its own tokens, and each of those reads back through ``read_slots`` as
-    written; every other row, guard rows of other lanes included, kept its bits. (``rows_changed`` can be below ``rows_written`` when a recycled page already held the same rows,
-    e.g. a request repeating another's tokens at the same positions.)
+    written; every other row, guard rows of other lanes included, kept its bits (``rows_changed`` can be
+    below ``rows_written`` when a recycled page already held the same rows).
 
     Attributes:
         forward, layer, rank: where. pool: ``"latent"`` or ``"index_k"``.

@@ -140,8 +140,7 @@ def run_dist(
         deadline_s: limit for the whole run, in seconds (default ``120 + 4 * timeout_s``).
         check: raise the lowest failing rank's error (else return it in ``DistRun.outcomes``).
         threads_per_rank: torch intra-op threads of each rank (default 1: the ranks are the parallelism;
-            measured on the shared 2-core machine, 2 threads per rank made the C=1 test group 6x slower
-            in CPU time, its OpenMP threads spinning against other jobs).
+            see benchmarks/README.md).
 
     Returns:
         ``DistRun``; ``.results`` is rank 0's ``CaseResult`` list.

@@ -1,25 +1,16 @@
 """SGLang's zigzag CP split metadata from a cpkv ``BatchPlan`` (docs/sglang.md, "The model side").
 
-SGLang's CP prefill splits each request's extend into ``2C`` blocks, rank ``r`` computing block ``r`` (its
-*prev* block) and block ``2C-1-r`` (its *next* block), and describes that split with a metadata object
-its model code reads: ``NSAContextParallelMetadata`` (0.5.9, ``srt/layers/attention/nsa/utils.py``, one
-request) and ``ZigzagContextParallelMetadata`` (0.5.23, ``srt/layers/cp/zigzag.py``, any batch). The
-builders here return the same fields, names and dtypes from a cpkv plan, so the ranks compute exactly the
-tokens whose pages they own (C-OWNER-EQ-COMPUTE):
+SGLang's CP prefill splits each request's extend into ``2C`` blocks, rank ``r`` computing block ``r`` (prev)
+and block ``2C-1-r`` (next), described by ``NSAContextParallelMetadata`` (0.5.9, one request) or
+``ZigzagContextParallelMetadata`` (0.5.23, any batch). The builders here return the same fields, names and
+dtypes from a cpkv plan, so the ranks compute exactly the tokens whose pages they own
+(C-OWNER-EQ-COMPUTE): the blocks are the plan's page-aligned zigzag segments (C-ZIGZAG), each block's rank
+its owner (C-PHASE; ``request_phases`` says which), the all-gather buffer ``max(per_rank_actual_token)``
+rows a rank (C-GATHER). Under ``legacy`` at P = 1 every field equals SGLang's, byte for byte.
 
-- the blocks are the plan's zigzag segments (C-ZIGZAG), page-aligned: at ``page_size`` 1 these are
-  SGLang's own blocks; at P > 1 each holds whole pages (SGLang's token split would cut pages in two);
-- each block's rank is its owner in the plan, so a request of phase f gives rank ``r`` the blocks
-  SGLang gives rank ``(r - f) % C`` (C-PHASE, C-KERNEL's phase-aware rule); ``request_phases`` says which;
-- under ``legacy`` (phase 0) at P = 1 every field equals SGLang's, byte for byte;
-- the all-gather buffer is ``max(per_rank_actual_token)`` rows a rank (C-GATHER), where SGLang 0.5.9
-  sizes it ``ceil(total / C)``, which is short for page-aligned blocks and for batches.
-
-A request whose prefix ends inside a page has head tokens computed by the page's owner (C-HEAD), a third
-block SGLang's two-block layout cannot hold: the builders raise ``UnsupportedPagePlan`` for it. The shard
-and rerange of rows by this metadata (``shard_hidden_states``, ``shard_position_ids``, ``gather_rerange``)
-are in ``sglang_cp_rows`` and exported here too. This module imports no sglang; SGLang's strategy code
-reads its results as it reads its own.
+Raises ``UnsupportedPagePlan`` for head tokens (C-HEAD: a third block SGLang's layout cannot hold). The row
+shard and rerange (``shard_hidden_states``, ``shard_position_ids``, ``gather_rerange``) live in
+``sglang_cp_rows`` and are exported here too. Imports no sglang.
 """
 
 from __future__ import annotations
@@ -63,32 +54,18 @@ class ZigzagCPMetadata:
     """SGLang 0.5.23's ``ZigzagContextParallelMetadata`` for one rank, from a cpkv plan, plus ``request_phases``.
 
     Same field names, order, Python types and dtypes as SGLang's (``build_metadata``): lists of ints on the
-    host, int32 tensors on ``device``. Per request i of the batch (B requests, C ranks), rank r computes
-    block ``prev_i`` (the one of the first C with owner r) and block ``2C-1-prev_i`` of request i; its local
-    rows are the prev blocks of all requests, then their next blocks. Mutable, as SGLang's (its
-    ``pad_logical_token_to_physical`` sets ``per_rank_logical_token``, ``per_rank_actual_token`` and
-    ``max_rank_len``).
+    host, int32 tensors on ``device``; B requests, C ranks. Rank r computes, per request i, block ``prev_i``
+    (the one of the first C with owner r) and block ``2C-1-prev_i``; its local rows are the prev blocks of all
+    requests, then their next blocks. Mutable, as SGLang's (its ``pad_logical_token_to_physical`` sets
+    ``per_rank_logical_token``, ``per_rank_actual_token`` and ``max_rank_len``). Every field's shape and
+    meaning: the table in docs/sglang.md, "The model side". The main ones:
 
     Attributes:
-        total_seq_lens: extend tokens of the batch (sum E). bs: requests (B).
-        split_list: ``[B*2C]`` tokens of each block, request-major, block order.
-        zigzag_index: ``[2B]`` this rank's blocks (indices into ``split_list``): prev blocks, then next blocks.
-        cp_reverse_index: ``[B*2C]`` for each block in flat order, its chunk in the all-gathered rows split
-            by ``reverse_split_len``.
-        reverse_split_len: ``[C*2B]`` per rank in rank order, the sizes of its prev blocks, then next blocks.
+        split_list: ``[B*2C]`` tokens of each block, request-major. zigzag_index: ``[2B]`` this rank's blocks.
         per_rank_actual_token: ``[C]`` tokens each rank computes (the plan's ``per_rank_tokens``).
         max_rank_len: ``[C]``, each ``max(per_rank_actual_token)``: rows of every rank's all-gather buffer.
-        per_rank_logical_token: None (SGLang's padding step sets it).
-        kv_len_prev_tensor, kv_len_next_tensor: int32 ``[B]`` keys of each request a block's last query
-            sees (prefix included): ``prefix_len + tokens of the blocks up to and including it``.
-        cu_seqlens_kv_prev_tensor, cu_seqlens_kv_next_tensor: int32 ``[B+1]`` their running sums from 0.
-        actual_seq_q_prev_tensor, actual_seq_q_next_tensor: int32 ``[B]`` queries (tokens) of each block.
-        cu_seqlens_q_prev_tensor, cu_seqlens_q_next_tensor: int32 ``[B+1]`` their running sums from 0.
-        actual_seq_q_combined_tensor, kv_len_combined_tensor: int32 ``[2B]``, prev values then next values.
-        cu_seqlens_q_combined_tensor, cu_seqlens_kv_combined_tensor: int32 ``[2B+1]`` their running sums.
-        total_q_prev_tokens, total_q_next_tokens: local rows of the prev and next blocks.
-        max_seqlen_q_prev, max_seqlen_q_next, max_seqlen_q_combined: the largest block of each kind (0 if none).
-        kv_len_prev_list, kv_len_next_list, actual_seq_q_prev_list, actual_seq_q_next_list: the ``[B]`` lists.
+        kv_len_*_tensor, actual_seq_q_*_tensor: int32 ``[B]`` (``*_combined``: ``[2B]``, prev then next);
+            ``cu_seqlens_*``: their running sums from 0.
         request_phases: ``[B]`` each request's phase in the plan (cpkv's addition; 0 under ``legacy``).
     """
 

@@ -1,36 +1,18 @@
 """SGLang's CP prefill split from cpkv's plan: each rank computes the tokens of its own pages (C-OWNER-EQ-COMPUTE).
 
-SGLang 0.5.23 builds a CP prefill's split in one place, ``sglang.srt.layers.cp.utils.prepare_cp_forward``
-(called by the eager runner's ``_execute_extend`` and the prefill body graph, before any layer runs): when
-``forward_batch.attn_cp_metadata`` is None it calls the strategy's ``build_metadata`` (SGLang's own token
-blocks, phase 0) and ``pad_logical_token_to_physical``. ``prepare_cp_metadata`` is an AROUND hook there
-(registered by ``sglang_hooks``): under ``SGLANG_PLATFORM=cpkv`` it sets ``attn_cp_metadata`` first, to
-``sglang_cp.zigzag_metadata(allocator.last_plan, attn_cp_rank)`` as SGLang's own
-``ZigzagContextParallelMetadata`` (plus ``request_phases``), padded by SGLang's own step; SGLang's function
-then keeps it (it builds only when the field is None) and does the rest as before (the DP buffer length,
-the ``out_cache_loc`` cut). Every later shard, gather and attention call reads this metadata, so rank r
-computes exactly the tokens on pages of lane r, under ``balanced`` and ``rotation`` and at any page_size.
+``prepare_cp_metadata`` is an AROUND hook (registered by ``sglang_hooks``) on SGLang 0.5.23's
+``sglang.srt.layers.cp.utils.prepare_cp_forward``: under ``SGLANG_PLATFORM=cpkv`` it first sets
+``forward_batch.attn_cp_metadata`` to ``sglang_cp.zigzag_metadata(allocator.last_plan, attn_cp_rank)``,
+padded by SGLang's own step; SGLang then keeps it and does the rest. ``page_aligned_chunk`` (AROUND
+``PrefillAdder.floor_chunked_tokens``) rounds continuing-chunk cuts down to whole pages. The allocator is
+found through the forward's KV pool (``pool.owner_lane_allocator``), and ``last_plan`` is checked to be
+this forward's batch (lengths, and every ``out_cache_loc`` on its planned lane).
 
-The allocator is found through the forward's KV pool (SGLang's ``get_token_to_kv_pool()``, which the
-model runner publishes for the forward): cpkv's allocator, built with ``kvcache=`` that pool, leaves
-``pool.owner_lane_allocator`` on it. Before the metadata is used the hook checks that ``last_plan`` is this
-forward's batch: the same extend and prefix lengths, and every token's ``out_cache_loc`` on the lane the
-plan gives it (one device-to-host copy of ``out_cache_loc`` per prefill forward). Refused with one line
-(never a silent fall-back to SGLang's split, which would compute tokens on ranks that do not store them):
-
-- a request whose prefix ends inside a page (head tokens, C-HEAD): ``UnsupportedPagePlan`` naming the
-  request's rid, prefix_len and page_size (SGLang's two-block layout has no place for a third block);
-- a plan that is not this batch's, a pool without cpkv's allocator (e.g. a draft model's own pool), or
-  SGLang's ``interleave`` CP strategy (the split installed here is zigzag, C-ZIGZAG): ``ConfigError``;
-- an allocator planning under ``CPKV_CP_STRATEGY=interleave`` (C-INTERLEAVE): ``UnsupportedPagePlan`` from
-  ``sglang_cp.zigzag_metadata`` (that split is not installed into SGLang's forward yet).
-
-Head tokens come from a chunk cut inside a page: ``page_aligned_chunk`` (AROUND
-``PrefillAdder.floor_chunked_tokens``) rounds SGLang's continuing-chunk cuts down to whole pages under cpkv,
-so only a cut under one page (or gfx95's exact chunk fill) still reaches that refusal.
-
-Passes through when cpkv is not selected or the metadata is already set. Imports no sglang at import
-time.
+Raises (one line, never a silent fall-back to SGLang's split): ``UnsupportedPagePlan`` for head tokens
+(C-HEAD; naming rid, prefix_len and page_size) or an ``interleave`` plan (C-INTERLEAVE); ``ConfigError``
+for a plan that is not this batch's, a pool without cpkv's allocator, or SGLang's ``interleave`` strategy.
+Passes through when cpkv is not selected or the metadata is already set. Walk-through: docs/sglang.md,
+"Launch: two plugins". Imports no sglang at import time.
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
 """SGLang 0.5.23 HiCache load-back on the recorded owner lanes (SPEC C-RELOAD), installed as plugin hooks.
 
-SGLang's ``HybridCacheController.load`` allocates load-back rows with ``full_allocator.alloc(n)``: a fresh
-chain, so pages recorded on lanes [2, 3, 0] came back on [0, 1, 2] (the path of the seed's incident). With
-cpkv's ``OwnerLaneTokenToKVPoolAllocator`` behind SGLang, the hooks ``register`` installs (HookRegistry
-AROUND hooks; no SGLang file patched) make HiCache replay owners:
+AROUND hooks (``HookRegistry``; no SGLang file patched) on ``HybridCacheController.write`` (record each host
+page's owner lane), ``.load`` (allocate every page on its recorded lane; a lane still short returns None,
+counted as ``load_back_owner_lane_capacity_failed``, and SGLang recomputes the host part),
+``UnifiedRadixCache._load_back_transfers`` (the free-row gate is ``aggregate_free_size``) and
+``.attach_storage_backend`` (L3 keys ``<key>_lane<r>``, probed by ``LaneProbingStorage``). How and why:
+docs/sglang.md, "HiCache on the recorded owner lanes".
 
-- ``HybridCacheController.write`` (device -> host write-back) records each host page's owner lane, the
-  lane of the device page it copies (``(slot // P) % C``), in ``controller.cpkv_lanes`` (``HostLanes``);
-- ``HybridCacheController.load`` (host -> device) allocates every page on its recorded lane
-  (``lanes.alloc_pages(owners)``) and passes the rows as ``device_indices`` (SGLang's caller-owned path).
-  A recorded lane still short after merging staged pages and evicting from the tree is never waited on:
-  the load returns None, counted as ``load_back_owner_lane_capacity_failed`` (and the pages as
-  ``load_back_failed_pages``), and SGLang treats the host part of the prefix as a miss, which the request
-  recomputes. SGLang's load-back commits all the promised tokens or none (``PrefillAdder`` raises "HiCache
-  load-back must commit all promised FULL tokens or none", ``managers/schedule_policy.py``), so a short
-  lane sends the whole host part to recompute (cpkv's own ``PrefixCache`` keeps the pages before the
-  first one that does not fit);
-- ``UnifiedRadixCache._load_back_transfers`` asks ``_component_available_size`` for free rows before it
-  loads; for cpkv that gate is the aggregate free rows (``aggregate_free_size``) during a load-back, since
-  the per-lane check above is the real one (the admission floor ``available_size`` would refuse loads
-  that fit on their lanes, and count nothing);
-- ``HybridCacheController.attach_storage_backend`` (L3): the storage keys carry the owner lane
-  (``<key>_lane<r>``, ``lane_key``): page writes add it, the hit query finds each page's lane by probing
-  its ``C`` keys (up to C lookups a page), and page reads record the lane of every host page they fill,
-  so a fresh process (new cache, new allocator) loads an L3 prefix back onto its recorded lanes. The
-  backend is wrapped (``LaneProbingStorage``), so SGLang's ``get_internal_state`` reports no Mooncake L3
-  object layout to outside readers (they would not know the lane keys).
-
-Every hook passes straight through when ``SGLANG_PLATFORM`` is not ``cpkv`` or the allocator is not cpkv's,
-so registering them changes nothing for another SGLang deployment. cpkv's ``sglang.srt.plugins`` plugin
-(``sglang_hooks``) registers them.
+Every hook passes straight through when ``SGLANG_PLATFORM`` is not ``cpkv`` or the allocator is not cpkv's.
+cpkv's ``sglang.srt.plugins`` plugin (``sglang_hooks``) registers them.
 """
 
 from __future__ import annotations

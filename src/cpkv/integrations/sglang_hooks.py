@@ -1,44 +1,16 @@
 """SGLang's general plugin: the scheduler and the PD transfer see cpkv's CP group, no SGLang file patched.
 
 cpkv registers ``register`` under SGLang 0.5.23's entry-point group ``sglang.srt.plugins`` (name ``cpkv``,
-pyproject.toml). SGLang runs its general plugins (``sglang.srt.plugins.load_plugins``) in the engine, at the
-top of every scheduler process before the ``Scheduler`` is built, and in its other processes. With
-``SGLANG_PLATFORM=cpkv`` it pins the SGLang version (``sglang_checks``) and registers these
-``HookRegistry`` hooks (docs/sglang.md, "What the plugins change"):
+pyproject.toml); SGLang runs it in every process before the ``Scheduler`` is built. With
+``SGLANG_PLATFORM=cpkv`` it pins the SGLang version (``sglang_checks``) and registers ``HookRegistry``
+hooks on the scheduler (``kv_shard_widening = C``), the invariant checker (free term
+``aggregate_free_size()``), ``PrefillAdder`` (``per_req_token_overhead = C * P``), the PD transfer (every
+CP rank a sender), ``prepare_cp_forward`` and ``floor_chunked_tokens`` (``sglang_cp_split``) and HiCache
+(``sglang_hicache``); the table of targets: docs/sglang.md, "Launch: two plugins".
 
-============================================================  ======  =================================================
-target                                                        kind    what it does for cpkv's allocator (C ranks, P)
-============================================================  ======  =================================================
-``managers.scheduler.Scheduler.init_running_status``          BEFORE  ``kv_shard_widening = C`` (the group's capacity
-                                                                      in the pool stats, checker, load inquirer);
-                                                                      refuses SWA, HiSparse, page_size 1, a CP size
-                                                                      other than ``CPKV_CP_SIZE``
-``...invariant_checker.SchedulerInvariantChecker._check_full_pool``  AROUND  the free term is ``aggregate_free_size()``
-                                                                      (every free page), not the admission floor
-``managers.schedule_policy.PrefillAdder.__init__``            AFTER   ``per_req_token_overhead = C * P``
-``disaggregation.common.conn.CommonKVManager.__init__``       BEFORE  PD prefill: ``kv_shard_size = C``,
-                                                                      ``kv_shard_rank`` = the attention-CP rank, so
-                                                                      ``__init__`` makes every CP rank a sender
-``disaggregation.common.conn.CommonKVManager.__init__``       AFTER   checks every CP rank is a sender; on a
-                                                                      PD decode worker, pulls from every prefill
-                                                                      CP rank
-============================================================  ======  =================================================
-
-``sglang_cp_split.prepare_cp_metadata``, AROUND ``layers.cp.utils.prepare_cp_forward``: a CP prefill's
-``attn_cp_metadata`` is cpkv's split from the allocator's ``last_plan`` (each rank computes the tokens of its
-own pages, C-OWNER-EQ-COMPUTE; head tokens and a plan that is not the batch's refused with one line) and
-``sglang_cp_split.page_aligned_chunk``, AROUND ``PrefillAdder.floor_chunked_tokens`` (chunk cuts on page ends);
-and ``sglang_hicache``'s hooks on ``HybridCacheController`` / ``UnifiedRadixCache`` (``hooks()`` lists them
-too, registered and checked the same way): HiCache write-back records each page's owner lane, load-back
-allocates on it (or counts the failure and recomputes), L3 keys carry it.
-
-SGLang's ``page_interleave_shard_size`` stays 1 for cpkv, so its ``rotation_bases``, ``shard_spec`` and
-L3 refusal stay off (cpkv picks phases itself). ``register`` applies the hooks and checks that each one
-wraps its target; one that does not stops the start with one line naming it (``SGLangStartError``:
-SGLang's plugin loader logs and goes on after an ``Exception``, not after ``SystemExit``). Every hook
-passes through when ``SGLANG_PLATFORM`` is not ``cpkv`` (``sglang_checks.selected``) or the allocator is
-not cpkv's, so without ``SGLANG_PLATFORM=cpkv`` installing cpkv changes nothing in SGLang. This module
-imports no sglang at import time (SGLang loads every entry point of the group).
+Raises ``SGLangStartError`` naming a hook that does not wrap its target. Every hook passes through when
+``SGLANG_PLATFORM`` is not ``cpkv`` (``sglang_checks.selected``) or the allocator is not cpkv's. Imports no
+sglang at import time.
 """
 
 from __future__ import annotations
