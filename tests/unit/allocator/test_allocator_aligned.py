@@ -17,7 +17,7 @@ import torch
 from hypothesis import event, given, note
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
-from test_allocator_single_page import as_form, assert_same_plan
+from test_allocator_one_page import as_form, assert_same_plan
 
 from allocator_state import snapshot
 from cpkv import CPConfig, CpkvError, OwnerLaneAllocator
