@@ -58,7 +58,12 @@ class RecomputeCounter:
         pages = (token_ids.shape[0] - 1) // self.page_size
         if not pages or not self._seen:
             return 0
-        lost = max(0, self._computed(keys, 0, pages) * self.page_size - matched)
+        seen = self._seen
+        lo, hi = 0, pages  # the computed pages are a prefix-closed set: the longest run by binary search
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if int(keys[mid - 1]) in seen else (lo, mid - 1)
+        lost = max(0, lo * self.page_size - matched)
         self.tokens += lost
         return lost
 
@@ -68,15 +73,5 @@ class RecomputeCounter:
         keys = self._keys.pop(req_id, None)
         if keys is None or keys.shape[0] < pages:
             keys = self.prefix_keys(token_ids, pages)
-        if pages:  # the pages computed before are in the set already: add the rest
-            self._seen.update(keys[self._computed(keys, 0, pages) : pages].tolist())
-
-    def _computed(self, keys: np.ndarray, lo: int, hi: int) -> int:
-        """The longest run of leading ``keys`` in the computed set, at least ``lo`` and at most ``hi`` long:
-        the set is prefix-closed (a key names its whole prefix, and a request adds its leading pages), so
-        a binary search finds it."""
-        seen = self._seen
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if int(keys[mid - 1]) in seen else (lo, mid - 1)
-        return lo
+        if pages:
+            self._seen.update(keys[:pages].tolist())
