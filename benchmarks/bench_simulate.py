@@ -11,12 +11,16 @@ imports included; ``simulate`` does not import torch). "wall" is the child's wal
 exit, "sim" the ``sim_wall_s`` of its report summed over its policies (the step loop only).
 ``--compare-costs N`` runs the command N times under each cost model, alternated (measured,
 illustrative, measured, ...), and prints each run and the ratio of the medians (issue 25's acceptance:
-the measured replay within 1.5x of the illustrative one). See README.md.
+the measured replay within 1.5x of the illustrative one). ``--accounting ROUNDS`` runs it ROUNDS times
+with the owner-lane storage accounting (remote reads, recomputed tokens: ``sim.storage``) and as often
+without it (its three hooks made no-ops in the child), alternated, and prints the ratio of the median
+step loops (issue 38: at most 1.05x) and of the children's CPU seconds. See README.md.
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -31,6 +35,12 @@ ENTRY = (
     "import resource, sys; from cpkv.cli import main; rc = main(); "
     "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)"
 )
+NO_ACCOUNTING = (
+    "from cpkv.sim.storage.base import KVStorage; from cpkv.sim.storage.owner_lane import OwnerLaneStorage; "
+    "OwnerLaneStorage.step_traffic = lambda self, rows, allocation: 0.0; "
+    "KVStorage.admitted = lambda self, run: None; KVStorage.retired = lambda self, run, n: None; "
+)
+"""Prepended to ``ENTRY`` for a replay without the owner-lane accounting (``--accounting``)."""
 HEADER = [
     "cost model",
     "policy",
@@ -46,8 +56,8 @@ HEADER = [
 ]
 
 
-def run(args, cost_model: str, cap: int | None) -> tuple[list, dict]:
-    """One child ``cpkv simulate``: its table row and its figures."""
+def run(args, cost_model: str, cap: int | None, entry: str = ENTRY) -> tuple[list, dict]:
+    """One child ``cpkv simulate`` (``entry``: the child's program): its table row and its figures."""
     with tempfile.TemporaryDirectory() as out_dir:
         cmd = [
             "simulate",
@@ -61,9 +71,11 @@ def run(args, cost_model: str, cap: int | None) -> tuple[list, dict]:
             "--out",
             out_dir,
         ] + (["--max-requests", str(cap)] if cap else [])
+        cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", ENTRY, *cmd], cwd=ROOT, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-c", entry, *cmd], cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         if proc.returncode != 0:
             sys.exit(f"cpkv simulate failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
         report = json.loads((Path(out_dir) / "report.json").read_text())
@@ -88,12 +100,48 @@ def run(args, cost_model: str, cap: int | None) -> tuple[list, dict]:
     return row, {
         "command": ["cpkv", *cmd],
         "wall_s": wall,
+        "cpu_s": cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime,
         "sim_wall_s": sim,
         "requests": n,
         "peak_rss_mib": rss_mib,
         "metrics": policies,
         "cost_provenance": report["config"]["cost_provenance"],
     }
+
+
+def accounting(args, cap: int | None, title: str) -> None:
+    """``--accounting ROUNDS``: the replay with and without the owner-lane accounting, alternated."""
+    rows, figures = [], {"with": [], "without": []}
+    for _ in range(args.accounting):
+        for mode, entry in (("with", ENTRY), ("without", NO_ACCOUNTING + ENTRY)):
+            row, fig = run(args, args.cost_model, cap, entry)
+            rows.append([f"{mode} accounting", *row])
+            figures[mode].append(fig)
+    print_table(f"{title}, owner-lane accounting on and off, alternated", ["run", *HEADER], rows)
+
+    def median(mode: str, key: str) -> float:
+        return statistics.median(f[key] for f in figures[mode])
+
+    sim = median("with", "sim_wall_s") / median("without", "sim_wall_s")
+    cpu = median("with", "cpu_s") / median("without", "cpu_s")
+    print(
+        f"median step loop: with the accounting {median('with', 'sim_wall_s'):.2f} s, without "
+        f"{median('without', 'sim_wall_s'):.2f} s: {sim:.3f}x (target <= 1.05); child CPU "
+        f"{median('with', 'cpu_s'):.2f} s against {median('without', 'cpu_s'):.2f} s: {cpu:.3f}x"
+    )
+    write_json(
+        args.json,
+        {
+            "benchmark": "simulate-accounting",
+            "quick": args.quick,
+            "sim_ratio": sim,
+            "cpu_ratio": cpu,
+            **{
+                mode: [{k: f[k] for k in ("wall_s", "cpu_s", "sim_wall_s")} for f in fs]
+                for mode, fs in figures.items()
+            },
+        },
+    )
 
 
 def main() -> None:
@@ -110,10 +158,20 @@ def main() -> None:
         metavar="ROUNDS",
         help="run ROUNDS times per cost model, alternated, and compare their wall times",
     )
+    p.add_argument(
+        "--accounting",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="run ROUNDS times with and without the owner-lane accounting, alternated, and compare",
+    )
     p.add_argument("--trace", type=Path, default=TRACE, help="trace (default: the shared Mooncake trace)")
     args = p.parse_args()
     cap = args.max_requests or (200 if args.quick else None)
     title = f"cpkv simulate {args.trace.name} (targets: full trace <= 60 s, <= 2048 MiB)"
+    if args.accounting:
+        accounting(args, cap, title)
+        return
     if not args.compare_costs:
         row, figures = run(args, args.cost_model, cap)
         print_table(title, HEADER, [row])

@@ -9,9 +9,15 @@ alternated (1, 2, 1, 2, ...); then the same command once more into the last DIR,
 stored (the acceptance: it replays nothing and exits in seconds). ``--ray`` adds ``--executor ray`` runs
 at the same worker counts (a Ray it starts itself: about 5 s of its own start and stop in every run;
 ``--ray-address`` a running one, e.g. ``ray start --head --num-cpus 2`` and ``auto``).
-Each run's speed-up is against the median wall time of its own executor with the first worker count.
+Each run's speed-up is against the median wall time of its own executor with the first worker count;
+with ``--ray``, each worker count's median Ray wall time is also compared with the local one (issue 38:
+within 1.15x on a running cluster), and Ray's own start-up is timed first, in a child process:
+``ray.init`` of a local Ray of the largest worker count (as ``cpkv sweep`` starts it), its first actor
+ready, ``ray.shutdown``; with ``--ray-address``, joining that cluster instead.
 Every run's ``results.csv`` must be identical (the script fails otherwise). The load average before and
-after each run is printed: the speed-up only means something on a quiet machine.
+after each run is printed, and the CPU seconds the run's processes used (the sweep's own and its
+workers'; Ray's workers are not children it waits for: ``-``): the speed-up only means something on a
+quiet machine.
 
 Default grid: examples/sweep_mooncake.toml (its trace path made absolute).
 ``--quick``: a 16-point synthetic grid, illustrative costs (CI checks that the script runs).
@@ -19,8 +25,10 @@ Default grid: examples/sweep_mooncake.toml (its trace path made absolute).
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -75,9 +83,11 @@ def run(grid: Path, out: Path, workers: int, executor: str, ray_address: str | N
     if executor == "ray" and ray_address:
         cmd += ["--ray-address", ray_address]
     load0 = os.getloadavg()[0]
+    cpu0 = _children_cpu_s()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    cpu = _children_cpu_s() - cpu0
     if proc.returncode != 0:
         sys.exit(f"cpkv sweep failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     line = next(s for s in proc.stdout.splitlines() if " points: " in s)
@@ -85,11 +95,52 @@ def run(grid: Path, out: Path, workers: int, executor: str, ray_address: str | N
         "executor": executor,
         "workers": workers,
         "wall_s": wall,
+        "cpu_s": cpu if executor == "local" else None,  # Ray's workers are not waited-for children
         "load_before": load0,
         "load_after": os.getloadavg()[0],
         "summary": line.split("; wrote")[0],
         "csv": (out / "results.csv").read_bytes(),
     }
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's finished children (and theirs, once waited for)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+RAY_STARTUP = """
+import json, sys, time
+t0 = time.perf_counter()
+import ray
+t1 = time.perf_counter()
+address, cpus = sys.argv[1] or None, int(sys.argv[2])
+local = {} if address else {"num_cpus": cpus, "object_store_memory": 256 * 2**20}
+ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR", **local)
+t2 = time.perf_counter()
+ray.get(ray.remote(num_cpus=1)(type("Ping", (), {"ping": lambda self: 1})).remote().ping.remote())
+t3 = time.perf_counter()
+ray.shutdown()
+t4 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "init_s": t2 - t1, "first_actor_s": t3 - t2, "shutdown_s": t4 - t3}))
+"""
+
+
+def ray_startup(address: str | None, cpus: int) -> dict:
+    """Ray's start-up in a child process (see the module docstring): seconds of ``import ray``, ``ray.init``,
+    the first actor's first call, ``ray.shutdown``, and the whole child."""
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", RAY_STARTUP, address or "", str(cpus)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"Ray start-up failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return {**json.loads(proc.stdout.splitlines()[-1]), "child_s": wall, "load_before": load0}
 
 
 def main() -> None:
@@ -101,6 +152,14 @@ def main() -> None:
     p.add_argument("--ray-address", help="the Ray runs join this cluster (default: each starts its own)")
     args = p.parse_args()
     counts = [int(w) for w in args.workers.split(",")]
+    startup = ray_startup(args.ray_address, max(counts)) if args.ray else None
+    if startup:
+        what = f"joining {args.ray_address}" if args.ray_address else f"a local Ray of {max(counts)} CPUs"
+        print(
+            f"Ray start-up ({what}), load average {startup['load_before']:.2f}: import {startup['import_s']:.2f} s, "
+            f"ray.init {startup['init_s']:.2f} s, first actor {startup['first_actor_s']:.2f} s, shutdown "
+            f"{startup['shutdown_s']:.2f} s; the whole child {startup['child_s']:.2f} s"
+        )
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         if args.quick:
@@ -131,6 +190,7 @@ def main() -> None:
             x["workers"],
             x["wall_s"],
             base[x["executor"]] / x["wall_s"],
+            "-" if x["cpu_s"] is None else x["cpu_s"],
             x["load_before"],
             x["load_after"],
             x["summary"],
@@ -143,6 +203,7 @@ def main() -> None:
             again["workers"],
             again["wall_s"],
             "-",
+            again["cpu_s"],
             again["load_before"],
             again["load_after"],
             again["summary"],
@@ -155,6 +216,7 @@ def main() -> None:
             "workers",
             "wall s",
             f"speed-up vs {counts[0]} (same executor)",
+            "CPU s",
             "load before",
             "load after",
             "sweep",
@@ -168,11 +230,19 @@ def main() -> None:
                 f"{executor}: median wall {base[executor]:.1f} s with {counts[0]} worker(s), {wall:.1f} s with {w}: "
                 f"speed-up {base[executor] / wall:.2f}x"
             )
+    if args.ray:
+        for w in counts:
+            ratio = median_wall("ray", w) / median_wall("local", w)
+            print(
+                f"{w} worker(s): median wall ray {median_wall('ray', w):.1f} s, local {median_wall('local', w):.1f} s: "
+                f"ray / local {ratio:.2f}x (target on a running cluster: <= 1.15x)"
+            )
     write_json(
         args.json,
         {
             "quick": args.quick,
             "note": note,
+            "ray_startup": startup,
             "runs": [{k: v for k, v in x.items() if k != "csv"} for x in runs + [again]],
         },
     )

@@ -30,6 +30,12 @@ SCRIPTS = [
         marks=pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
     ),
     pytest.param(
+        "bench_simulate.py",
+        ["--max-requests", "100", "--cost-model", "illustrative", "--accounting", "1"],
+        "peak RSS MiB",
+        marks=pytest.mark.skipif(not TRACE.exists(), reason=f"needs the shared trace {TRACE}"),
+    ),
+    pytest.param(
         "bench_costs.py",
         [],
         "aiconfigurator ms",

@@ -51,6 +51,9 @@ NUM_LAYERS = 61
 INDEX_TOPK = 2048
 """Keys the sparse attention selects per query (DeepSeek-V3.2; the measured tables' ``index_topk``)."""
 
+READ_BATCH = 1024
+"""Steps of remote reads ``KVTraffic`` keeps before pricing them in one call (at most about 100 kB at C=8)."""
+
 ILLUSTRATIVE_LATENCY_MS = 0.01
 ILLUSTRATIVE_GB_PER_S = 100.0
 """The illustrative link: a collective over G ranks whose whole buffer is ``b`` bytes takes
@@ -80,6 +83,10 @@ class KVTraffic:
         read_bytes: int64 ``[C]`` bytes each rank read from other lanes.
         comm_ms: sum over steps of the slowest rank's priced KV traffic, ms.
         exposed_ms: the part of it added to the steps (the extend all-gathers), ms.
+
+    Remote reads are kept per step and priced ``READ_BATCH`` steps at a time, in one call (the step loop's
+    cost), when ``read_bytes`` or ``comm_ms`` is read or an all-gather is counted: the same elementwise
+    prices, added to ``comm_ms`` in step order, so every total is what pricing each step at once gives.
     """
 
     def __init__(self, cost, cp_size: int) -> None:
@@ -95,9 +102,22 @@ class KVTraffic:
         self.cp_size = cp_size
         self.measured = tables is not None
         self.allgather_bytes = 0
-        self.read_bytes = np.zeros(cp_size, dtype=_I64)
-        self.comm_ms = 0.0
+        self._read_bytes = np.zeros(cp_size, dtype=_I64)
+        self._comm_ms = 0.0
         self.exposed_ms = 0.0
+        self._reads: list[np.ndarray] = []  # int64 [C] per-layer bytes of each step not priced yet
+
+    @property
+    def read_bytes(self) -> np.ndarray:
+        """int64 ``[C]`` bytes each rank read from other lanes, over the steps so far."""
+        self._price_reads()
+        return self._read_bytes
+
+    @property
+    def comm_ms(self) -> float:
+        """Sum over the steps so far of the slowest rank's priced KV traffic, ms."""
+        self._price_reads()
+        return self._comm_ms
 
     def allgather_ms(self, rows_per_rank: int) -> float:
         """All layers' all-gathers of ``rows_per_rank`` KV rows per rank (``gather_row_bytes`` each), ms
@@ -110,20 +130,31 @@ class KVTraffic:
         """Count one step's all-gathers (``extend_rows`` and ``prefix_rows`` rows per rank); the extend's ms,
         which the step waits for."""
         C = self.cp_size
+        self._price_reads()  # earlier steps' reads first: comm_ms adds in step order
         self.allgather_bytes += (C - 1) * (extend_rows + prefix_rows) * self.gather_row_bytes * self.layers
         serial = self.allgather_ms(extend_rows) if extend_rows else 0.0
         self.exposed_ms += serial
-        self.comm_ms += serial + (self.allgather_ms(prefix_rows) if prefix_rows else 0.0)
+        self._comm_ms += serial + (self.allgather_ms(prefix_rows) if prefix_rows else 0.0)
         return serial
 
     def add_reads(self, layer_bytes: np.ndarray) -> None:
-        """Count one step's remote reads: ``layer_bytes`` int64 ``[C]`` bytes each rank reads per layer."""
-        self.read_bytes += layer_bytes * self.layers
+        """Count one step's remote reads: ``layer_bytes`` int64 ``[C]`` bytes each rank reads per layer
+        (kept, priced with the next ``READ_BATCH`` steps')."""
         if layer_bytes.any():
-            ms = self.layers * np.asarray(
-                self.comm.remote_read_ms(layer_bytes.astype(np.float64), self.cp_size)
-            )
-            self.comm_ms += float(ms.max())
+            self._reads.append(layer_bytes)
+            if len(self._reads) >= READ_BATCH:
+                self._price_reads()
+
+    def _price_reads(self) -> None:
+        """Add the kept steps' reads to ``read_bytes`` and their prices to ``comm_ms`` (step order)."""
+        if not self._reads:
+            return
+        layer = np.stack(self._reads)  # [steps, C]
+        self._reads = []
+        self._read_bytes += layer.sum(axis=0) * self.layers
+        ms = self.layers * np.asarray(self.comm.remote_read_ms(layer.astype(np.float64), self.cp_size))
+        for step_ms in ms.max(axis=1).tolist():  # one at a time: the float sum of pricing each step alone
+            self._comm_ms += step_ms
 
     def read_layer_bytes(self, visible: np.ndarray, queries: np.ndarray) -> np.ndarray:
         """Bytes per layer of ``visible`` remote keys read for ``queries`` queries (int64 arrays of one shape):

@@ -129,3 +129,23 @@ def test_measured_model_prices_the_all_gather_from_its_nccl_tables():
     assert (t.layers, t.row_bytes, t.gather_row_bytes, t.topk) == (61, ROW, GATHER_ROW, 2048)
     assert t.allgather_ms(1024) == pytest.approx(cost.kv_allgather_ms(1024))
     assert t.provenance()["comm"] == "the measured NCCL tables"
+
+
+def test_remote_reads_priced_in_batches_add_up_as_priced_one_step_at_a_time(monkeypatch):
+    from cpkv.sim.storage import traffic
+
+    monkeypatch.setattr(traffic, "READ_BATCH", 8)
+    t, C = traffic.KVTraffic(None, 4), 4
+    steps = np.random.default_rng(7).integers(0, 10**9, size=(50, C))
+    steps[::7] = 0
+    comm, read = 0.0, np.zeros(C, dtype=np.int64)
+    for i, layer in enumerate(steps):
+        t.add_reads(layer)
+        read += layer * t.layers
+        if layer.any():
+            comm += float((t.layers * np.asarray(t.comm.remote_read_ms(layer.astype(np.float64), C))).max())
+        if i % 11 == 5:
+            comm += t.add_allgathers(100, 30) + t.allgather_ms(30)
+        if i % 13 == 0:
+            assert t.comm_ms == comm
+    assert t.comm_ms == comm and t.read_bytes.tolist() == read.tolist()
