@@ -16,6 +16,7 @@ refused. The tables hold no plan alive: a plan dropped by its caller drops out o
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import numpy as np
 
@@ -49,14 +50,16 @@ class Commits:
 
     def __init__(self, config: CPConfig, pool: LanePool) -> None:
         self.config, self.pool = config, pool
-        self._stamps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # plan -> its PlanStamp
-        self._open: weakref.WeakSet = weakref.WeakSet()  # the plans made and not yet committed
+        # plan -> its PlanStamp
+        self._stamps: weakref.WeakKeyDictionary[BatchPlan, PlanStamp] = weakref.WeakKeyDictionary()
+        self._open: weakref.WeakSet[BatchPlan] = weakref.WeakSet()  # the plans made and not yet committed
 
-    def __getstate__(self) -> dict:  # a copied or unpickled allocator commits its own plans, none yet
+    # a copied or unpickled allocator commits its own plans, none yet
+    def __getstate__(self) -> dict[str, object]:
         return {"config": self.config, "pool": self.pool}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["config"], state["pool"])
+    def __setstate__(self, state: dict[str, Any]) -> None:  # the dict __getstate__ returned
+        Commits.__init__(self, state["config"], state["pool"])
 
     def stamp(self, plan: BatchPlan, last: np.ndarray, balanced: bool) -> None:
         """Record ``plan``, made now with ``last`` (int64 ``[B]`` ``last_locs``), as open for one commit."""
@@ -64,7 +67,7 @@ class Commits:
         self._stamps[plan] = PlanStamp(last.tobytes(), self.pool.changes, free)
         self._open.add(plan)
 
-    def check(self, plan: BatchPlan, last_locs) -> np.ndarray:
+    def check(self, plan: BatchPlan, last_locs: object) -> np.ndarray:
         """``last_locs`` as int64 ``[B]`` when ``plan`` may be committed now, else StalePlanError (or the
         AllocatorError of a ``last_loc`` on a page freed since); changes nothing."""
         stamp = self._stamps.get(plan) if isinstance(plan, BatchPlan) else None

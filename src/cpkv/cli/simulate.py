@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -44,6 +45,7 @@ def setting_option(setting: Setting):
         return click.option(
             setting.flag, setting.name, is_flag=True, default=setting.default, help=setting.help
         )
+    shown: dict[str, Any] = {"show_default": True} if setting.show_default else {}
     return click.option(
         setting.flag,
         setting.name,
@@ -52,7 +54,7 @@ def setting_option(setting: Setting):
         multiple=setting.multiple,
         help=setting.help,
         callback=parse_callback(setting.parse) if setting.parse is not None else None,
-        **({"show_default": True} if setting.show_default else {}),
+        **shown,
     )
 
 
@@ -170,21 +172,23 @@ def pool_warning(config: SimConfig, given) -> str | None:
     """One line when an explicit ``--pages-per-lane`` (``given``) is larger than what one GPU holds under the
     measured model (``SimConfig.memory``), naming both sizes, or when the model leaves no pool at all; else
     None. The run goes on: the pool is then hypothetical."""
-    memory = config.memory()
+    memory, measured = config.memory(), config.measured
     P = config.page_size
-    if memory is not None and memory["pages_per_lane"] < 2:
+    if memory is None or measured is None:  # the illustrative model (memory() is None without measured)
+        return None
+    if memory["pages_per_lane"] < 2:
         over = -memory["headroom_bytes"] / 1e9
         return (
-            f"{config.measured.model} does not fit {config.cp_size} x {config.measured.gpu} at EP "
-            f"{config.measured.ep_for(config.cp_size)}: weights and activations leave no KV pool ({over:,.1f} GB "
+            f"{measured.model} does not fit {config.cp_size} x {measured.gpu} at EP "
+            f"{measured.ep_for(config.cp_size)}: weights and activations leave no KV pool ({over:,.1f} GB "
             f"short, report.json: config.memory); the pool of {max(config.lane_capacities):,} pages is hypothetical"
         )
-    if given is None or memory is None or max(config.lane_capacities) <= memory["pages_per_lane"]:
+    if given is None or max(config.lane_capacities) <= memory["pages_per_lane"]:
         return None
     return (
         f"--pages-per-lane {max(config.lane_capacities):,} ({max(config.lane_capacities) * P:,} tokens a GPU) is "
         f"larger than the {memory['pages_per_lane']:,} pages ({memory['kv_pool_tokens']:,} tokens) of KV one "
-        f"{config.measured.gpu} holds beside the weights (report.json: config.memory); the pool is hypothetical"
+        f"{measured.gpu} holds beside the weights (report.json: config.memory); the pool is hypothetical"
     )
 
 

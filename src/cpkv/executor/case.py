@@ -29,9 +29,9 @@ from ..config import (
 )
 from ..errors import ConfigError
 from ..layout import SharedKVLayout
-from .decode import run_decode
+from .decode import DecodeRecord, run_decode
 from .errors import DistError
-from .forward import INDEX_K, KV_ACCESSES, LATENT, CPExecutor
+from .forward import INDEX_K, KV_ACCESSES, LATENT, CPExecutor, WriteAudit
 from .group import RankGroup
 from .kv_buffer import KVBuffer, create_kv_buffer
 from .model import TinyDecoder, TinyDecoderConfig
@@ -176,7 +176,9 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
             f"{model.weights_digest()!r}|{_workload_digest(case.workload)}", "start (weights, workload)"
         )
     reference: dict = {}
-    records, audits, written, decodes = [], [], [], []
+    records, written = [], []
+    audits: list[WriteAudit] = []
+    decodes: list[DecodeRecord] = []
     n_forwards = len(case.workload.forwards)
     held: dict[int, torch.Tensor] = {}  # decode: request id -> hidden state of its last prompt position
     for f in range(n_forwards):
@@ -211,8 +213,9 @@ def run_case(group: RankGroup, case: DistCase, *, tag: str) -> CaseResult:
             decodes.append(dec)
             written.extend(locs)
             audits.extend(dec_audits)
-            group.run(f"decode {first}: release", lambda rids=list(held): [sched.release(r) for r in rids])
+            group.run(f"decode {first}: release", _release, sched, list(held))
             held = {}
+    intact: bool | None
     if local:  # each rank checks its own lane, the only one it holds
         intact = group.all_true(
             all(_unwritten_rows_intact(kv, written, restored, P) for kv in pools.values())
@@ -253,6 +256,12 @@ def _record_finish(batch, out, sched: ReplicatedScheduler, model, reference, ran
     rec = record_forward(batch, out, sched, model, reference, rank, local)
     sched.finish(batch)
     return rec
+
+
+def _release(sched: ReplicatedScheduler, request_ids: list[int]) -> None:
+    """Decode's end: release the held requests ``request_ids`` (``ReplicatedScheduler.release``)."""
+    for rid in request_ids:
+        sched.release(rid)
 
 
 def host_hooks(pools: dict[str, KVBuffer], rank: int, restored: list[int]):

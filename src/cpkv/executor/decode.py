@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .forward import CPExecutor
+from .forward import CPExecutor, WriteAudit
 from .group import RankGroup
 from .model import TinyDecoder
 from .records import comm_dict, logits_estimate
@@ -123,7 +123,9 @@ def run_decode(
         record holds the comparison with the reference (``record_decode``).
     """
     h = last_hidden
-    tokens, lanes, phases, comm, measured, estimated, hidden, topk, locs, audits = ([] for _ in range(10))
+    comm: list[dict] = []
+    audits: list[WriteAudit] = []
+    tokens, lanes, phases, measured, estimated, hidden, topk, locs = ([] for _ in range(8))
     C, P = group.world_size, sched.config.page_size
     per_rank = np.zeros(C, dtype=np.int64)
     for j in range(steps):
@@ -144,7 +146,9 @@ def run_decode(
         lanes.append(plan.token_owner.tolist())
         phases.append(plan.request_phases.tolist())
         per_rank += plan.per_rank_tokens
-        comm.append(comm_dict(res.comm_bytes))
+        step_comm = comm_dict(res.comm_bytes)
+        assert step_comm is not None  # CPExecutor.forward counts every step's bytes
+        comm.append(step_comm)
         locs.append(step.out_cache_loc.cpu())
         audits.extend(res.audits)
         if res.logits_elements is not None:

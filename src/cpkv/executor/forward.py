@@ -177,16 +177,18 @@ class CPExecutor:
         idx = torch.from_numpy(own).to(g.device)
         loc, pos, req = batch.out_cache_loc[idx], batch.positions[idx], batch.token_req[own]
         lp = runs = None
-        if self.local is not None:
+        local = self.local
+        if local is not None:
             lp, h = g.run(
                 f"forward {f}: local plan + embed",
-                lambda: (self.local.prepare(batch), self.model.embed(batch.token_ids[idx])),
-            )  # type: ignore[union-attr]
+                lambda: (local.prepare(batch), self.model.embed(batch.token_ids[idx])),
+            )
         else:
             runs = g.run(f"forward {f}: position runs", rank_runs, plan, g.rank, own) if nsa else None
             h = g.run(f"forward {f}: embed", self.model.embed, batch.token_ids[idx])
         audits: list[WriteAudit] = []
-        topks, elements = [], []
+        topks: list[torch.Tensor] = []
+        elements: list[int] = []
         for layer in range(self.model.config.num_layers):
             where = f"forward {f} layer {layer}"
             q_own = None
@@ -202,6 +204,7 @@ class CPExecutor:
             if self.local is not None:
                 h, topk, n = self.local.layer(where, layer, h, x, lp, batch, q_own)  # type: ignore[arg-type]
                 if nsa:
+                    assert topk is not None  # LocalAttention.layer returns the top-k under nsa
                     topks.append(topk)
                     elements.append(n)
             elif nsa:
@@ -300,7 +303,8 @@ class CPExecutor:
     ) -> tuple[torch.Tensor, list[WriteAudit]]:
         """``_write_kv`` with the ranks taking turns, each diffing every pool around its write."""
         g = self.group
-        x, audits = None, []
+        x = None
+        audits: list[WriteAudit] = []
         for turn in range(g.world_size):
             step = f"{where}: audited K/V write, turn of rank {turn}"
             if turn == g.rank:

@@ -200,6 +200,7 @@ def create_kv_buffer(
         created = group.run("create the shared KV file", _create_shm if rank0 else _nothing, path, numel)
         mapped = group.run("map the shared KV file", _nothing if rank0 else _attach_shm, path, numel)
         flat = created if rank0 else mapped
+        assert flat is not None  # rank 0's step created the file, the others' mapped it
     finally:
         if group.rank == 0:
             path.unlink(missing_ok=True)  # every rank has mapped it (or failed): the name is no longer needed

@@ -350,9 +350,11 @@ class LocalAttention:
             sel = merge_topk(cl, cp, batch.positions[rk.lo : rk.hi], k)
             topk[rk.lo : rk.hi] = sel
             held = (sel >= 0) & (rk.lanes[sel.clamp(min=0)] == rank)
-            part[rk.lo : rk.hi] = sparse_partial(
-                self.model, q[rk.lo : rk.hi], sel, held, lambda p, rk=rk: self.latent.read(layer, rk.slots[p])
-            )
+
+            def read_rows(p: torch.Tensor, rk: RequestKeys = rk) -> torch.Tensor:
+                return self.latent.read(layer, rk.slots[p])
+
+            part[rk.lo : rk.hi] = sparse_partial(self.model, q[rk.lo : rk.hi], sel, held, read_rows)
         return part, topk
 
     def _merge_mlp(self, layer: int, h: torch.Tensor, mine: torch.Tensor) -> torch.Tensor:

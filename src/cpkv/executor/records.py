@@ -8,6 +8,7 @@ computed once per request (``TinyDecoder.reference``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -123,7 +124,8 @@ class CaseResult:
     @property
     def per_rank_tokens(self) -> list[int]:
         """Extend tokens per rank summed over the forwards, ``[C]``."""
-        return np.sum([f.per_rank_tokens for f in self.forwards], axis=0, dtype=np.int64).tolist()
+        total = np.sum([f.per_rank_tokens for f in self.forwards], axis=0, dtype=np.int64)  # [C]
+        return cast("list[int]", total.tolist())
 
     @property
     def logits_match(self) -> bool | None:
@@ -143,9 +145,9 @@ class CaseResult:
         fs = [f for f in [*self.forwards, *self.decodes] if f.topk_rows is not None]
         return (
             sum(f.topk_rows for f in fs),
-            sum(f.topk_mismatched for f in fs),  # type: ignore[misc]
+            sum(f.topk_mismatched for f in fs),
             sum(f.topk_near_tie for f in fs),
-        )  # type: ignore[misc]
+        )
 
     def hidden(self) -> np.ndarray:
         """Rank 0: every forward's hidden states stacked in forward order, ``[sum N, hidden]``."""
@@ -240,4 +242,8 @@ def comm_dict(comm_bytes: np.ndarray | None) -> dict | None:
 
 
 def _to_cpu(ref: Reference) -> Reference:
-    return Reference(*(None if t is None else t.cpu() for t in (ref.hidden, ref.topk, ref.near_tie)))
+    return Reference(
+        ref.hidden.cpu(),
+        None if ref.topk is None else ref.topk.cpu(),
+        None if ref.near_tie is None else ref.near_tie.cpu(),
+    )

@@ -95,7 +95,7 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
 
     def __init__(
         self, size, page_size, dtype, device, kvcache, need_sort, *, cp_size=None, owner_policy=None
-    ):
+    ) -> None:
         cp_size = self.default_cp_size if cp_size is None else cp_size
         owner_policy = self.default_owner_policy if owner_policy is None else owner_policy
         self.config = CPConfig(cp_size, page_size, owner_policy)  # validates before SGLang's clear() runs
@@ -141,8 +141,8 @@ class OwnerLaneTokenToKVPoolAllocator(PagedTokenToKVPoolAllocator):
         self.num_pages = C * (lane_pages - 1)
         self._last = None
         self.free_pages = self.release_pages = None  # SGLang's flat lists: unused here, fail loud if read
-        self.free_group = None
-        self.free_page_ids_group = []
+        self.free_group: list[torch.Tensor] | None = None  # an open free group's freed slots
+        self.free_page_ids_group: list[torch.Tensor] = []  # and its page ids freed by id
         self._staged: list[np.ndarray] = []  # need_sort: freed page ids not yet back on their lanes
         self._staged_mask = np.zeros(self.lanes.num_pages, dtype=bool)
         self._staged_per_lane = np.zeros(C, dtype=_I64)  # [C] staged pages of each lane

@@ -234,7 +234,7 @@ class StepBuilder:
             need = plan.new_pages_per_lane
             logits = mqa_logits_elements(plan) if self.limit is not None else None  # the batch's: at return
             room = free + self.cache.evictable_pages_per_lane()
-            over_budget = logits is not None and int(logits.max()) > self.limit
+            over_budget = logits is not None and self.limit is not None and int(logits.max()) > self.limit
             if (need > room).any() or over_budget:
                 spare = int(need.sum()) if spare is None else spare
                 if (
@@ -280,7 +280,8 @@ class StepBuilder:
     def _wanted(self, items: Sequence[tuple]) -> list[int]:
         """Aligned wanted chunks of ``items`` taken in order from the token budget left; stops at the first
         request the budget cannot serve (it goes through ``add``)."""
-        cfg, left, out = self.config, self.tokens_left, []
+        cfg, left = self.config, self.tokens_left
+        out: list[int] = []
         for _, prefix_len, remaining, _ in items:
             want = min(remaining, cfg.chunk_size, left)
             in_page = not (out or self.keys)

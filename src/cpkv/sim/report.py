@@ -14,6 +14,7 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,7 +101,7 @@ def write_outputs(
     config: dict,
     results: list[PolicyResult],
     *,
-    pending: list[str] = (),
+    pending: Sequence[str] = (),
     interrupted: bool = False,
 ) -> list[Path]:
     """Write ``report.json``, ``config.json``, ``summary.csv`` and ``lanes.png`` into ``out_dir``, and

@@ -13,8 +13,10 @@ import itertools
 import operator
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from ..config import CP_STRATEGIES, OWNER_POLICIES
 from ..errors import InputError
@@ -171,8 +173,8 @@ def read_grid(path: Path, max_points: int = MAX_POINTS) -> Grid:
     if "policy" not in axes:  # as cpkv simulate: every policy
         axes["policy"] = given["policy"] = OWNER_POLICIES
     size = 1
-    for values in axes.values():
-        size *= len(values)
+    for axis in axes.values():
+        size *= len(axis)
     if size > max_points:
         sizes = " x ".join(f"{len(v):,} {k}" for k, v in axes.items())
         raise GridError(
@@ -207,15 +209,15 @@ def _search(raw: object, where: str) -> tuple[int, int]:
     """``(lo, hi)`` of ``groups = "search"`` (``SEARCH_BOUNDS``) or ``groups = {search = [lo, hi]}``."""
     if raw == "search":
         return SEARCH_BOUNDS
+    assert isinstance(raw, dict)  # _is_search: "search" or a table with a search key
     bounds = raw.get("search")
-    ok = (
+    if not (
         len(raw) == 1
         and isinstance(bounds, list)
         and len(bounds) == 2
         and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)
         and 1 <= bounds[0] <= bounds[1]
-    )
-    if not ok:
+    ):
         raise GridError(
             f'{where} [grid] groups: a search is "search" or {{search = [lo, hi]}} with 1 <= lo <= hi, '
             f"got {raw!r}"
@@ -229,7 +231,7 @@ def _values(key: str, raw: object, where: str) -> tuple[list, list]:
     ``--policy``, ``--kv-storage`` and ``--cp-strategy``."""
     written = raw if isinstance(raw, list) else [raw]
     every = {"policy": OWNER_POLICIES, "kv_storage": KV_STORAGE_DESIGNS, "cp_strategy": CP_STRATEGIES}
-    pairs = []
+    pairs: list[tuple[object, object]] = []
     for value in written:
         c = convert(key, value, where)
         pairs += [(p, p) for p in every[key]] if key in every and c == "all" else [(value, c)]
@@ -262,11 +264,14 @@ def convert(key: str, value: object, where: str) -> object:
     if setting is None or setting.group == WORKLOAD:
         hint = "; name the workload in [workload]" if setting is not None else ""
         raise GridError(f"{where}: unknown setting {key!r}{hint}; the grid takes {', '.join(grid_keys())}")
-    ok = {
+    kinds: dict[type | None, Callable[[object], bool]] = {
         int: lambda v: isinstance(v, int) and not isinstance(v, bool),
         float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
         bool: lambda v: isinstance(v, bool),
-    }.get(setting.kind if setting.choices is None else None, lambda v: isinstance(v, str) or _is_int(v))
+    }
+    ok = kinds.get(
+        setting.kind if setting.choices is None else None, lambda v: isinstance(v, str) or _is_int(v)
+    )
     if not ok(value):
         raise GridError(
             f"{where}: {value!r} is not a valid {setting.type_name} for --{key.replace('_', '-')}"
@@ -290,7 +295,7 @@ def _workload(table: object, base: Path, where: str) -> dict:
     if "trace" in table and "workload" in table:
         raise GridError(f"{where} [workload] give trace or workload, not both")
     settings = by_key()
-    out = {}
+    out: dict[str, object] = {}
     for key in WORKLOAD_OPTIONS:
         value = table.get(key)
         if value is None:
@@ -331,7 +336,7 @@ def _target(value: object, where: str) -> Target | None:
         raise GridError(f'{where} target must be a string like "ttft_ms_p99 <= 2000" or a list of them')
     conditions = []
     for text in texts:
-        m = _CONDITION.match(text)
+        m = _CONDITION.match(cast(str, text))  # every text is a str (checked above)
         if not m:
             raise GridError(f"{where} target {text!r} is not 'metric op number' (op: {', '.join(_OPS)})")
         metric, op, number = m.groups()

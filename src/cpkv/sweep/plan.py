@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..cost.spec import CostExtraMissing
 from ..errors import CpkvError
@@ -111,7 +112,7 @@ def plan_sweep(grid: Grid, points: list[dict] | None = None) -> SweepPlan:
     provenance_of: dict[tuple, dict] = {}
     index, kept = 0, set()  # points kept, the workloads they read
     for point in grid.points() if points is None else points:
-        values = {k: v for k, (v, _) in point.items()}
+        values: dict[str, Any] = {k: v for k, (v, _) in point.items()}  # grid key -> its converted value
         groups, routing = values.get("groups", 1), values.get("routing", ROUTINGS[0])
         options = simulate_options(grid.workload, values)
         ident = tuple(options[k] for k in WORKLOAD_OPTIONS)
@@ -127,7 +128,7 @@ def plan_sweep(grid: Grid, points: list[dict] | None = None) -> SweepPlan:
                 f"{grid.path}: groups = {groups:,} splits a workload of {len(spec.requests):,} requests: "
                 f"{groups - len(spec.requests):,} groups would get none; at most one group per request"
             )
-        row = {
+        row: dict[str, Any] = {
             "point": None,
             "status": None,
             "error": None,
@@ -173,6 +174,7 @@ def plan_sweep(grid: Grid, points: list[dict] | None = None) -> SweepPlan:
         cp = row["cp_size"]
         row["gpus"] = cp * groups if isinstance(cp, int) else None
         if config is not None:
+            assert provenance is not None  # priced above: a point whose cost failed has no config
             row["_sim_config"], row["_provenance"] = config.to_dict(), provenance
             row["_kv_tokens_per_gpu"] = sum(config.lane_capacities) / config.cp_size * config.page_size
             design = values.get("kv_storage", OWNER_LANE)

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 import msgspec
+import numpy as np
 
 from ..sim.config import SimConfig
 from ..sim.settings import SELECTOR, by_key, defaults
@@ -122,7 +123,7 @@ def run_task(task: PointTask, workloads: dict) -> dict:
     from ..sim.runner import simulate as run_simulation
 
     t0 = time.perf_counter()
-    out = {
+    out: dict[str, object] = {
         "key": task.key,
         "status": "ok",
         "error": None,
@@ -132,7 +133,8 @@ def run_task(task: PointTask, workloads: dict) -> dict:
     }
     try:
         spec = workloads[task.workload]
-        metrics, ttft = [], []
+        metrics: list[dict] = []
+        ttft: list[np.ndarray] = []
         for g, requests in enumerate(split(spec.requests, task.groups, task.routing)):
             part = (
                 spec
@@ -144,6 +146,7 @@ def run_task(task: PointTask, workloads: dict) -> dict:
             result = run_simulation(
                 task.config, part, [task.policy], kv_storage=[task.kv_storage], progress=False, table=False
             ).results[0]
+            assert result.ttft_ms is not None  # the engine records every replay's TTFTs
             metrics.append(result.metrics)
             ttft.append(result.ttft_ms)
         out["metrics"] = combine(metrics, ttft)

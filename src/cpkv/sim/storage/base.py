@@ -49,6 +49,7 @@ class KVStorage:
     pages_per_unit = 1
     per_lane_reservation = True
     alloc: PageAllocator
+    page_size: int
 
     def __init__(self, config: SimConfig, cost) -> None:
         self.policy = reservation_policy(self.per_lane_reservation)
