@@ -1,6 +1,6 @@
 """The simulator on the Mooncake conversation trace: wall time, requests/s, peak RSS; cost models compared.
 
-    python benchmarks/bench_simulate.py [--quick] [--max-requests N] [--policy rotation|all]
+    python benchmarks/bench_simulate.py [--quick] [--max-requests N] [--policy rotation|all] [--scale N [--seed S]]
                                         [--cost-model measured|illustrative] [--compare-costs ROUNDS] [--json PATH]
 
 Runs the real CLI in a child process, exactly
@@ -11,12 +11,16 @@ imports included; ``simulate`` does not import torch). "wall" is the child's wal
 exit, "sim" the ``sim_wall_s`` of its report summed over its policies (the step loop only).
 ``--compare-costs N`` runs the command N times under each cost model, alternated (measured,
 illustrative, measured, ...), and prints each run and the ratio of the medians (issue 25's acceptance:
-the measured replay within 1.5x of the illustrative one). See README.md.
+the measured replay within 1.5x of the illustrative one). ``--scale N`` replays, in place of the Mooncake trace,
+a synthetic trace of N requests with its statistics (``cpkv.sim.synthetic_trace``; written once to
+``$TMPDIR/cpkv-bench/scale-N-S.jsonl`` and reused): the day-scale replay of issue 38 (1,000,000 requests
+under 8 minutes and 1.5 GB peak RSS; 2,000,000 within 1.2x of that RSS). See README.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -96,6 +100,20 @@ def run(args, cost_model: str, cap: int | None) -> tuple[list, dict]:
     }
 
 
+def scale_trace(n: int, seed: int) -> Path:
+    """The synthetic trace of ``n`` requests (``cpkv.sim.synthetic_trace``), written under
+    ``$TMPDIR/cpkv-bench`` the first time and reused after."""
+    from cpkv.sim.synthetic_trace import write_synthetic_trace
+
+    path = Path(os.environ.get("TMPDIR", tempfile.gettempdir())) / "cpkv-bench" / f"scale-{n}-{seed}.jsonl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        write_synthetic_trace(path, n, seed)
+        print(f"wrote {path} ({path.stat().st_size / 2**20:,.0f} MiB) in {time.perf_counter() - t0:.1f} s")
+    return path
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--max-requests", type=int, default=None, help="cap on trace lines (--quick: 200)")
@@ -111,13 +129,24 @@ def main() -> None:
         help="run ROUNDS times per cost model, alternated, and compare their wall times",
     )
     p.add_argument("--trace", type=Path, default=TRACE, help="trace (default: the shared Mooncake trace)")
+    p.add_argument(
+        "--scale",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replay a synthetic Mooncake-like trace of N requests",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the --scale trace (default 0)")
     args = p.parse_args()
     cap = args.max_requests or (200 if args.quick else None)
     title = f"cpkv simulate {args.trace.name} (targets: full trace <= 60 s, <= 2048 MiB)"
+    if args.scale is not None:
+        args.trace = scale_trace(args.scale, args.seed)
+        title = f"cpkv simulate {args.trace.name} (targets at 1,000,000: <= 480 s, <= 1536 MiB)"
     if not args.compare_costs:
         row, figures = run(args, args.cost_model, cap)
         print_table(title, HEADER, [row])
-        write_json(args.json, {"benchmark": "simulate", "quick": args.quick, **figures})
+        write_json(args.json, {"benchmark": "simulate", "quick": args.quick, "scale": args.scale, **figures})
         return
     rows, walls = [], {"measured": [], "illustrative": []}
     for _ in range(args.compare_costs):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections import deque
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -66,7 +66,8 @@ class PolicyRun:
 
     Args:
         config: the ``SimConfig``. policy: ``rotation`` | ``legacy`` | ``balanced``.
-        requests: the workload, in arrival order.
+        requests: the workload, in arrival order: a sequence, or a stream (``trace.TraceStream``) that ``run``
+            iterates once, taking each request when its arrival comes due; ``len`` counts them for the metrics.
         cost: the ``cpkv.cost.StepCost`` that prices each step (default: ``step_cost(config)``).
         kv_storage: the KV storage design (``sim.storage``, C-STORAGE; owner policies place owner-lane's pages).
     """
@@ -100,7 +101,7 @@ class PolicyRun:
         self.waiting: list[Request] = []  # arrived, not admitted, in arrival order
         self.running: list[RunningRequest] = []
         self.decoding: list[RunningRequest] = []
-        self.ttft_ms: list[float] = []
+        self.ttft_ms = array("d")  # [finished requests] ms, 8 bytes each: a day-scale replay keeps no objects
         self.rejections: dict[int, str] = {}
         self.finished = 0
         self.prefill_tokens = 0
@@ -125,13 +126,15 @@ class PolicyRun:
         return self._result(time.perf_counter() - t0)
 
     def _loop(self, on_progress: Callable[[int], None] | None) -> None:
-        arrivals = deque(self.requests)
+        arrivals = iter(self.requests)  # read as arrivals come due: one request ahead of the clock, never all
+        arrival = next(arrivals, None)
         stalled = 0
-        while arrivals or self.waiting or self.running or self.decoding:
-            if not (self.waiting or self.running or self.decoding) and arrivals[0].arrival_ms > self.now_ms:
-                self.now_ms = arrivals[0].arrival_ms  # idle until the next arrival
-            while arrivals and arrivals[0].arrival_ms <= self.now_ms:
-                self.waiting.append(arrivals.popleft())
+        while arrival is not None or self.waiting or self.running or self.decoding:
+            if not (self.waiting or self.running or self.decoding) and arrival.arrival_ms > self.now_ms:
+                self.now_ms = arrival.arrival_ms  # idle until the next arrival
+            while arrival is not None and arrival.arrival_ms <= self.now_ms:
+                self.waiting.append(arrival)
+                arrival = next(arrivals, None)
             before = self.finished + len(self.rejections), self.retractions
             progressed = self._step()
             if on_progress is not None and self.finished + len(self.rejections) != before[0]:
