@@ -130,7 +130,7 @@ def synthetic_trace(num_requests: int, seed: int = 0) -> SyntheticTrace:
 def write_synthetic_trace(path: str | os.PathLike[str], num_requests: int, seed: int = 0) -> Path:
     """Write ``synthetic_trace(num_requests, seed)`` to ``path`` as Mooncake JSONL (one object a line: ``timestamp``,
     ``input_length``, ``output_length``, ``hash_ids``), through a temporary file renamed into place. Returns the
-    path. About 2 s per 100,000 requests, 27 MB per 100,000 lines.
+    path. 27.6 MB per 100,000 requests, written in 1.4 s (1,000,000: 300 MB in 53 s, a loaded machine).
 
     Raises:
         ConfigError: as ``synthetic_trace``. OSError: the file cannot be written.
