@@ -1,6 +1,6 @@
 """The simulator on the Mooncake conversation trace: wall time, requests/s, peak RSS; cost models compared.
 
-    python benchmarks/bench_simulate.py [--quick] [--max-requests N] [--policy rotation|all]
+    python benchmarks/bench_simulate.py [--quick] [--max-requests N] [--policy rotation|all] [--scale N [--seed S]]
                                         [--cost-model measured|illustrative] [--compare-costs ROUNDS] [--json PATH]
 
 Runs the real CLI in a child process, exactly
@@ -14,12 +14,16 @@ illustrative, measured, ...), and prints each run and the ratio of the medians (
 the measured replay within 1.5x of the illustrative one). ``--accounting ROUNDS`` runs it ROUNDS times
 with the owner-lane storage accounting (remote reads, recomputed tokens: ``sim.storage``) and as often
 without it (its three hooks made no-ops in the child), alternated, and prints the ratio of the median
-step loops (issue 38: at most 1.05x) and of the children's CPU seconds. See README.md.
+step loops (issue 38: at most 1.05x) and of the children's CPU seconds. ``--scale N`` replays, in place of the
+Mooncake trace, a synthetic trace of N requests with its statistics (``cpkv.sim.synthetic_trace``; written once to
+``$TMPDIR/cpkv-bench/scale-N-S.jsonl`` and reused): the day-scale replay of issue 38 (1,000,000 requests
+under 8 minutes and 1.5 GB peak RSS; 2,000,000 within 1.2x of that RSS). See README.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -144,6 +148,20 @@ def accounting(args, cap: int | None, title: str) -> None:
     )
 
 
+def scale_trace(n: int, seed: int) -> Path:
+    """The synthetic trace of ``n`` requests (``cpkv.sim.synthetic_trace``), written under
+    ``$TMPDIR/cpkv-bench`` the first time and reused after."""
+    from cpkv.sim.synthetic_trace import write_synthetic_trace
+
+    path = Path(os.environ.get("TMPDIR", tempfile.gettempdir())) / "cpkv-bench" / f"scale-{n}-{seed}.jsonl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        write_synthetic_trace(path, n, seed)
+        print(f"wrote {path} ({path.stat().st_size / 2**20:,.0f} MiB) in {time.perf_counter() - t0:.1f} s")
+    return path
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--max-requests", type=int, default=None, help="cap on trace lines (--quick: 200)")
@@ -166,16 +184,28 @@ def main() -> None:
         help="run ROUNDS times with and without the owner-lane accounting, alternated, and compare",
     )
     p.add_argument("--trace", type=Path, default=TRACE, help="trace (default: the shared Mooncake trace)")
+    p.add_argument(
+        "--scale",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replay a synthetic Mooncake-like trace of N requests",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the --scale trace (default 0)")
     args = p.parse_args()
     cap = args.max_requests or (200 if args.quick else None)
     title = f"cpkv simulate {args.trace.name} (targets: full trace <= 60 s, <= 2048 MiB)"
     if args.accounting:
         accounting(args, cap, title)
         return
+
+    if args.scale is not None:
+        args.trace = scale_trace(args.scale, args.seed)
+        title = f"cpkv simulate {args.trace.name} (targets at 1,000,000: <= 480 s, <= 1536 MiB)"
     if not args.compare_costs:
         row, figures = run(args, args.cost_model, cap)
         print_table(title, HEADER, [row])
-        write_json(args.json, {"benchmark": "simulate", "quick": args.quick, **figures})
+        write_json(args.json, {"benchmark": "simulate", "quick": args.quick, "scale": args.scale, **figures})
         return
     rows, walls = [], {"measured": [], "illustrative": []}
     for _ in range(args.compare_costs):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex, cast
 
 import numpy as np
@@ -170,7 +170,7 @@ def check_name(name: object, allowed: tuple[str, ...], what: str) -> str:
     return name
 
 
-def expand_all(names: list[str] | tuple[str, ...], allowed: tuple[str, ...], what: str) -> list[str]:
+def expand_all(names: Sequence[str], allowed: tuple[str, ...], what: str) -> list[str]:
     """The names a run selects (``--policy``, ``--kv-storage``, ``--cp-strategy``; repeatable): ``all`` expands
     to every name of ``allowed`` in its order, each name is checked (``check_name``: ConfigError naming an
     unknown one as ``what``), and kept once, in the order first given. ``expand_all(["interleave", "all"],

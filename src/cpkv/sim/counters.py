@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 from .rejection import Rejection
@@ -25,7 +26,8 @@ class ReplayCounters:
         logits_budget_cuts: chunks the logits budget cut shorter or deferred.
         logits_peak: the largest MQA-logits estimate of a prefill step on one rank, elements.
         retractions: decoding requests retracted.
-        ttft_ms: float ms, the TTFT of each request that got its first token, in that order.
+        ttft_ms: float64 ms (``array('d')``, 8 bytes a request: a day-scale replay keeps no objects), the TTFT
+            of each request that got its first token, in that order.
         rejections: request id -> its ``Rejection``, in rejection order.
         livelock: ``livelock_finding``'s dict when the replay stopped on a livelock, else None.
 
@@ -41,6 +43,6 @@ class ReplayCounters:
     logits_budget_cuts: int = 0
     logits_peak: int = 0
     retractions: int = 0
-    ttft_ms: list[float] = field(default_factory=list)
+    ttft_ms: array[float] = field(default_factory=lambda: array("d"))
     rejections: dict[int, Rejection] = field(default_factory=dict)
     livelock: dict | None = None

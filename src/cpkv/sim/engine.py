@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gc
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -40,7 +39,7 @@ from .reservation import pages_to_finish, reservation_short, stuck_alone
 from .running import RunningRequest
 from .spec_decode import SpecDecoder
 from .storage import OWNER_LANE, build_storage
-from .trace import Request, prompt_token_ids
+from .trace import Request, TraceStream, prompt_token_ids
 
 _I64 = np.int64
 
@@ -66,7 +65,8 @@ class PolicyRun:
 
     Args:
         config: the ``SimConfig``. policy: ``rotation`` | ``legacy`` | ``balanced``.
-        requests: the workload, in arrival order.
+        requests: the workload, in arrival order: a sequence, or a stream (``trace.TraceStream``) that ``run``
+            iterates once, taking each request when its arrival comes due; ``len`` counts them for the metrics.
         cost: the ``cpkv.cost.StepCost`` that prices each step (default: ``step_cost(config)``).
         kv_storage: the KV storage design (``sim.storage``, C-STORAGE; owner policies place owner-lane's pages).
     """
@@ -75,7 +75,7 @@ class PolicyRun:
         self,
         config: SimConfig,
         policy: str,
-        requests: Sequence[Request],
+        requests: Sequence[Request] | TraceStream,
         cost=None,
         kv_storage: str = OWNER_LANE,
     ) -> None:
@@ -115,14 +115,20 @@ class PolicyRun:
         return self._result(time.perf_counter() - t0)
 
     def _loop(self, on_progress: Callable[[int], None] | None) -> None:
-        arrivals = deque(self.requests)
+        arrivals = iter(self.requests)  # read as arrivals come due: one request ahead of the clock, never all
+        arrival = next(arrivals, None)
         stalled = 0
         c = self.counters
-        while arrivals or self.waiting or self.running or self.decoding:
-            if not (self.waiting or self.running or self.decoding) and arrivals[0].arrival_ms > self.now_ms:
-                self.now_ms = arrivals[0].arrival_ms  # idle until the next arrival
-            while arrivals and arrivals[0].arrival_ms <= self.now_ms:
-                self.waiting.append(arrivals.popleft())
+        while arrival is not None or self.waiting or self.running or self.decoding:
+            if (
+                not (self.waiting or self.running or self.decoding)
+                and arrival is not None
+                and arrival.arrival_ms > self.now_ms
+            ):
+                self.now_ms = arrival.arrival_ms  # idle until the next arrival
+            while arrival is not None and arrival.arrival_ms <= self.now_ms:
+                self.waiting.append(arrival)
+                arrival = next(arrivals, None)
             before = c.finished + len(c.rejections), c.retractions
             progressed = self._step()
             if on_progress is not None and c.finished + len(c.rejections) != before[0]:

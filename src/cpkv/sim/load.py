@@ -11,7 +11,7 @@ request, ``max_batch_tokens`` per step, ``max_running`` requests) and priced by 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import cast
 
@@ -83,8 +83,12 @@ def ideal_hits(requests: Iterable[Request], page_size: int) -> list[int]:
 
     Example (``page_size`` 64): prompts of blocks (1, 2, 3) then (1, 2, 9), 1,536 tokens each: hits 0 and
     1,024 (blocks 1 and 2)."""
+    return [hit for _, hit in _with_hits(requests, page_size)]
+
+
+def _with_hits(requests: Iterable[Request], page_size: int) -> Iterator[tuple[Request, int]]:
+    """``(request, its ideal hit)`` in order, one request at a time (``ideal_hits``)."""
     seen: set[int] = set()
-    hits = []
     for r in requests:
         key, matched, open_ = 0, 0, True
         for block in r.hash_ids:
@@ -96,8 +100,7 @@ def ideal_hits(requests: Iterable[Request], page_size: int) -> list[int]:
             if len(seen) < MAX_PREFIX_KEYS:
                 seen.add(key)
         hit = min(matched * TRACE_BLOCK_TOKENS, r.input_length - 1)
-        hits.append(hit - hit % page_size)
-    return hits
+        yield r, hit - hit % page_size
 
 
 def prefill_ms(config: SimConfig, cost, prefixes: list[int], todo: list[int]) -> np.ndarray:
@@ -141,28 +144,33 @@ def prefill_ms(config: SimConfig, cost, prefixes: list[int], todo: list[int]) ->
 def offered_load(config: SimConfig, requests: Iterable[Request], cost) -> Load:
     """The ``Load`` of ``requests`` (in arrival order) on the group of ``config`` priced by ``cost`` (the
     replay's ``StepCost``): the ideal hits of every request, then the first ones (``SAMPLE_TOKENS``) priced.
+    One pass over ``requests`` (a stream is read once and not held).
 
     Raises:
         ConfigError: no request."""
-    requests = list(requests)
-    if not requests:
-        raise ConfigError("offered_load needs at least one request, got none")
-    hits = ideal_hits(requests, config.page_size)
     prefixes, todo, sampled = [], [], 0
-    for r, hit in zip(requests, hits, strict=True):
-        if sampled >= SAMPLE_TOKENS:
-            break
-        prefixes.append(hit)
-        todo.append(r.input_length - hit)
-        sampled += todo[-1]
+    n = prompt = hit = 0
+    first_ms = last_ms = 0.0
+    for r, h in _with_hits(requests, config.page_size):
+        if n == 0:
+            first_ms = r.arrival_ms
+        last_ms = r.arrival_ms
+        n += 1
+        prompt += r.input_length
+        hit += h
+        if sampled < SAMPLE_TOKENS:
+            prefixes.append(h)
+            todo.append(r.input_length - h)
+            sampled += todo[-1]
+    if not n:
+        raise ConfigError("offered_load needs at least one request, got none")
     end = prefill_ms(config, cost, prefixes, todo)
-    prompt, hit = sum(r.input_length for r in requests), sum(hits)
-    P, n = config.page_size, len(requests)
+    P = config.page_size
     mean_hit = hit // n - hit // n % P
     alone = prefill_ms(config, cost, [mean_hit], [max(1, round(prompt / n) - mean_hit)])
     return Load(
         requests=n,
-        span_s=(requests[-1].arrival_ms - requests[0].arrival_ms) / 1000.0,
+        span_s=(last_ms - first_ms) / 1000.0,
         prompt_tokens=prompt,
         new_tokens=prompt - hit,
         sample_requests=len(todo),

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from ..config import CP_STRATEGIES, ZIGZAG
 from ..validate import expand_all
@@ -141,7 +143,7 @@ def simulate(
                 run = PolicyRun(
                     replace(config, cp_strategy=strategy), policy, workload.requests, cost, kv_storage=design
                 )
-                result = run.run(on_progress=lambda n, t=task: bar.update(t, completed=n))
+                result = run.run(on_progress=partial(_completed, bar, task))
                 result = replace(result, policy=label, metrics={**result.metrics, "cp_strategy": strategy})
                 bar.update(task, completed=total if not result.metrics["livelock_detected"] else None)
                 results.append(result)
@@ -204,10 +206,17 @@ def strategy_line(cp_strategies: Sequence[str]) -> str:
     return "" if list(cp_strategies) == [ZIGZAG] else f" CP {', '.join(cp_strategies)}"
 
 
+def _completed(bar: Any, task: Any, n: int) -> None:
+    """The progress bar's ``task`` at ``n`` requests done."""
+    bar.update(task, completed=n)
+
+
 def memory_report(config: SimConfig) -> dict:
     """``report.json``'s ``config.memory``: one GPU's memory under the measured model (``SimConfig.memory``),
     ``pages_per_lane`` the pool the GPU holds, and ``pages_per_lane_used`` with ``fits`` for the run's own."""
-    plan = dict(config.memory())
+    memory = config.memory()
+    assert memory is not None  # the report holds it under the measured cost model only
+    plan = dict(memory)
     used = max(config.lane_capacities)
     return {**plan, "pages_per_lane_used": used, "fits": used <= plan["pages_per_lane"]}
 

@@ -10,10 +10,11 @@ file of that format), every field of every line validated before anything is ret
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
-from pathlib import Path
-from typing import Annotated
+from collections.abc import Iterator
+from typing import Annotated, overload
 
 import msgspec
 import numpy as np
@@ -109,74 +110,147 @@ def load_trace(path: str | os.PathLike[str], max_requests: int | None = None) ->
             ``MAX_TIMESTAMP_MS``, or a rebased arrival there: step times would be rounded away); the message is ``"{path}:{lineno}: {what}"`` naming the field and value. Nothing is returned.
         ConfigError: ``max_requests`` is not an int >= 1.
     """
+    return list(iter_trace(path, max_requests))
+
+
+def iter_trace(path: str | os.PathLike[str], max_requests: int | None = None) -> Iterator[Request]:
+    """The requests of a Mooncake JSONL trace, read and validated one line at a time (``load_trace``'s rules,
+    messages and ``Request`` records, in order), so a trace of any length takes the memory of one line.
+
+    The file is opened on the first ``next``; a malformed line raises ``TraceError`` when it is reached, after
+    the requests before it were yielded (``load_trace`` and ``TraceStream`` read the whole file first).
+    A blank line is looked past: the lines after it are read until one holds a request (the error) or the
+    file ends (the end of the trace).
+
+    Raises:
+        TraceError, ConfigError: as ``load_trace``.
+    """
     if max_requests is not None:
         max_requests = check_int("max_requests", max_requests, 1)
+    return _lines(path, max_requests)
+
+
+def _lines(path: str | os.PathLike[str], max_requests: int | None) -> Iterator[Request]:
     name = os.fspath(path)
     try:
-        data = Path(path).read_bytes()
+        f = open(path, "rb")  # noqa: SIM115 (closed below, also when the generator is dropped)
     except OSError as exc:
         raise TraceError(f"{name}: cannot read trace: {exc.strerror or exc}") from exc
-    lines = data.split(b"\n")
-    end = len(lines)
-    while end and not lines[end - 1].strip():  # trailing blank lines are skipped
-        end -= 1
-    if end == 0:
-        raise TraceError(f"{name}:1: empty trace: no request lines")
-    if max_requests is not None:
-        end = min(end, max_requests)
-    requests: list[Request] = []
-    previous_ms = first_ms = 0
-    for index in range(end):
-        where = f"{name}:{index + 1}"
-        raw = lines[index]
-        try:
-            line = _LINE_DECODER.decode(raw)
-        except msgspec.MsgspecError as exc:
-            raise TraceError(_diagnose(raw, where, exc)) from None
-        if raw.count(b'"') != 8:  # 8 quotes: 4 strings, the 4 keys (distinct); else a key may be twice
-            key = duplicate_key(raw)
-            if key is not None:
+    with f:
+        previous_ms: float = 0
+        first_ms: float = 0
+        index = 0
+        blank = -1  # index of the first blank line of a run of blank lines, -1 in none
+        for raw in _read(f, name):
+            if blank < 0 and max_requests is not None and index >= max_requests:
+                return
+            if not raw.strip():
+                blank = index if blank < 0 else blank
+                index += 1
+                continue
+            if blank >= 0:  # a blank line between requests (perhaps past max_requests: as load_trace)
                 raise TraceError(
-                    f"{where}: key {key!r} appears twice in one object (refused: JSON readers keep the last "
-                    f"value without a word)"
+                    f"{name}:{blank + 1}: blank line (blank lines are allowed only after the last request)"
                 )
-        if index == 0:
-            previous_ms = first_ms = line.timestamp
-        if isinstance(line.timestamp, float) and line.timestamp >= MAX_TIMESTAMP_MS:
-            raise TraceError(
-                f"{where}: field 'timestamp' is {line.timestamp!r} ms, a float too large for float64 to hold to "
-                f"{TIMESTAMP_RESOLUTION_MS} ms (at most {MAX_TIMESTAMP_MS:.0f}): write integer milliseconds, or "
-                f"times relative to the trace's start"
-            )
-        if line.timestamp < previous_ms:
-            raise TraceError(
-                f"{where}: field 'timestamp' is {line.timestamp!r} ms, before the previous line's "
-                f"{previous_ms!r} ms (timestamps must be non-decreasing)"
-            )
-        needed = -(-line.input_length // TRACE_BLOCK_TOKENS)
-        if len(line.hash_ids) != needed:
-            raise TraceError(
-                f"{where}: field 'hash_ids' has {len(line.hash_ids)} block ids but input_length "
-                f"{line.input_length} needs ceil({line.input_length} / {TRACE_BLOCK_TOKENS}) = {needed}"
-            )
-        nbytes = 8 * (2 * line.input_length + line.output_length)  # token ids and the request's slot row
-        if nbytes > limits.MAX_ARRAY_BYTES:
-            raise TraceError(
-                f"{where}: input_length {line.input_length} + output_length {line.output_length} would need "
-                f"{nbytes:,} bytes of arrays for this request, above cpkv's limit of {limits.MAX_ARRAY_BYTES:,} bytes "
-                f"(cpkv.limits.MAX_ARRAY_BYTES)"
-            )
-        previous_ms = line.timestamp
-        arrival_ms = line.timestamp - first_ms if first_ms else line.timestamp  # exact for ints (Python ints)
-        if arrival_ms >= MAX_TIMESTAMP_MS:
-            raise TraceError(
-                f"{where}: field 'timestamp' is {line.timestamp!r} ms, {arrival_ms!r} ms after the first line's: "
-                f"beyond {MAX_TIMESTAMP_MS:.0f} ms float64 cannot hold times to {TIMESTAMP_RESOLUTION_MS} ms"
-            )
-        requests.append(
-            Request(index, float(arrival_ms), line.input_length, line.output_length, line.hash_ids)
-        )
-    return requests
+            where = f"{name}:{index + 1}"
+            try:
+                line = _LINE_DECODER.decode(raw)
+            except msgspec.MsgspecError as exc:
+                raise TraceError(_diagnose(raw, where, exc)) from None
+            if raw.count(b'"') != 8:  # 8 quotes: 4 strings, the 4 keys (distinct); else a key may be twice
+                key = duplicate_key(raw)
+                if key is not None:
+                    raise TraceError(
+                        f"{where}: key {key!r} appears twice in one object (refused: JSON readers keep the last "
+                        f"value without a word)"
+                    )
+            if index == 0:
+                previous_ms = first_ms = line.timestamp
+            if isinstance(line.timestamp, float) and line.timestamp >= MAX_TIMESTAMP_MS:
+                raise TraceError(
+                    f"{where}: field 'timestamp' is {line.timestamp!r} ms, a float too large for float64 to hold to "
+                    f"{TIMESTAMP_RESOLUTION_MS} ms (at most {MAX_TIMESTAMP_MS:.0f}): write integer milliseconds, or "
+                    f"times relative to the trace's start"
+                )
+            if line.timestamp < previous_ms:
+                raise TraceError(
+                    f"{where}: field 'timestamp' is {line.timestamp!r} ms, before the previous line's "
+                    f"{previous_ms!r} ms (timestamps must be non-decreasing)"
+                )
+            needed = -(-line.input_length // TRACE_BLOCK_TOKENS)
+            if len(line.hash_ids) != needed:
+                raise TraceError(
+                    f"{where}: field 'hash_ids' has {len(line.hash_ids)} block ids but input_length "
+                    f"{line.input_length} needs ceil({line.input_length} / {TRACE_BLOCK_TOKENS}) = {needed}"
+                )
+            nbytes = 8 * (2 * line.input_length + line.output_length)  # token ids and the request's slot row
+            if nbytes > limits.MAX_ARRAY_BYTES:
+                raise TraceError(
+                    f"{where}: input_length {line.input_length} + output_length {line.output_length} would need "
+                    f"{nbytes:,} bytes of arrays for this request, above cpkv's limit of {limits.MAX_ARRAY_BYTES:,} bytes "
+                    f"(cpkv.limits.MAX_ARRAY_BYTES)"
+                )
+            previous_ms = line.timestamp
+            arrival_ms = (
+                line.timestamp - first_ms if first_ms else line.timestamp
+            )  # exact for ints (Python ints)
+            if arrival_ms >= MAX_TIMESTAMP_MS:
+                raise TraceError(
+                    f"{where}: field 'timestamp' is {line.timestamp!r} ms, {arrival_ms!r} ms after the first line's: "
+                    f"beyond {MAX_TIMESTAMP_MS:.0f} ms float64 cannot hold times to {TIMESTAMP_RESOLUTION_MS} ms"
+                )
+            yield Request(index, float(arrival_ms), line.input_length, line.output_length, line.hash_ids)
+            index += 1
+        if index == 0 or blank == 0:
+            raise TraceError(f"{name}:1: empty trace: no request lines")
+
+
+def _read(f, name: str) -> Iterator[bytes]:
+    """The lines of ``f`` without their ``\\n`` (the text after the last newline is a line too)."""
+    try:
+        for raw in f:
+            yield raw[:-1] if raw.endswith(b"\n") else raw
+    except OSError as exc:
+        raise TraceError(f"{name}: cannot read trace: {exc.strerror or exc}") from exc
+
+
+class TraceStream:
+    """A Mooncake JSONL trace as a stream of ``Request`` records: every iteration re-opens the file and reads it
+    one line at a time (``iter_trace``), so a replay holds the requests in flight, never the whole trace.
+
+    Building it reads the file once, validating every line (``load_trace``'s rules and messages) and counting the
+    requests, so a malformed trace fails before any replay. ``len`` is that count; indexing and slicing read the
+    file again (a slice or a negative index holds its requests: for short traces and tests, not the replay).
+    The file must not change while the stream is in use. Example: ``len(TraceStream(path, max_requests=200))``
+    is 200 for the Mooncake conversation trace, and ``list(stream) == load_trace(path, 200)``.
+
+    Raises:
+        TraceError, ConfigError: as ``load_trace`` (when built; a file changed since raises them later).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], max_requests: int | None = None) -> None:
+        self.path, self.max_requests = path, max_requests
+        self._count = sum(1 for _ in iter_trace(path, max_requests))
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter_trace(self.path, self.max_requests)
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, key: int) -> Request: ...
+    @overload
+    def __getitem__(self, key: slice) -> tuple[Request, ...]: ...
+    def __getitem__(self, key: int | slice) -> Request | tuple[Request, ...]:
+        if isinstance(key, slice) or key < 0:
+            return tuple(self)[key]
+        if key >= self._count:
+            raise IndexError(f"request {key} of a trace of {self._count} requests")
+        return next(itertools.islice(self, key, None))
+
+    def __repr__(self) -> str:
+        return f"TraceStream({os.fspath(self.path)!r}, max_requests={self.max_requests!r}): {self._count} requests"
 
 
 def _diagnose(raw: bytes, where: str, exc: Exception) -> str:
@@ -241,7 +315,9 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _S27, _S30, _S31, _S34, _ONE = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(34), np.uint64(1)
-_MULTIPLIERS = {}  # block_size -> uint64 [block_size]: splitmix64(j) | 1, the odd multiplier of position j
+_MULTIPLIERS: dict[
+    int, np.ndarray
+] = {}  # block_size -> uint64 [block_size]: splitmix64(j) | 1, the odd multiplier of position j
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:

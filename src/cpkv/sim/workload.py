@@ -4,7 +4,7 @@ A workload is a list of ``Request`` records (``trace.py``) in arrival order; pro
 the ids of their 512-token blocks, so shared leading ids mean a shared prompt prefix.
 
 Workloads:
-- ``trace``: a Mooncake JSONL trace (``trace.load_trace``).
+- ``trace``: a Mooncake JSONL trace, streamed (``trace.TraceStream``).
 - ``synthetic_workload``: long-tailed prompt and output lengths, Poisson arrivals, shared prefixes.
 - ``tiny_chunks_workload``: the production pattern behind the lane-starvation livelock (SPEC section 1,
   C-PHASE, C-ROTATION-SPREADS): a burst of concurrent requests prefilled in one-page chunks.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +34,7 @@ from .scenarios import (
     tiny_chunks_reload_workload,
     tiny_chunks_workload,
 )
-from .trace import TRACE_BLOCK_TOKENS, Request, load_trace
+from .trace import TRACE_BLOCK_TOKENS, Request, TraceStream
 
 WORKLOAD_NAMES = ("synthetic", "tiny-chunks", "tiny-chunks-reload", "short-prompts", "trace")
 """Names accepted by ``build_workload``."""
@@ -162,7 +162,8 @@ class WorkloadSpec:
 
     Attributes:
         name: one of ``WORKLOAD_NAMES``.
-        requests: the requests in arrival order.
+        requests: the requests in arrival order: a tuple, or for a trace a ``TraceStream`` (read from the file
+            at each pass, so a day-scale trace is never held).
         chunk_pages: prefill chunk size in pages (chunk tokens = ``chunk_pages * page_size``), int >= 1,
             or ``None`` for the simulator's own default.
         description: one line for report headers.
@@ -175,7 +176,7 @@ class WorkloadSpec:
     """
 
     name: str
-    requests: tuple[Request, ...]
+    requests: tuple[Request, ...] | TraceStream
     chunk_pages: int | None
     description: str
     pool_percent: int | None = None
@@ -188,7 +189,8 @@ class WorkloadSpec:
         for name in ("chunk_pages", "pool_percent", "host_percent"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, check_int(name, getattr(self, name), 1))
-        object.__setattr__(self, "requests", tuple(self.requests))
+        if not isinstance(self.requests, TraceStream):
+            object.__setattr__(self, "requests", tuple(self.requests))
 
     def prompt_pages(self, page_size: int) -> int:
         """Pages of all prompts at ``page_size`` tokens per page: ``sum ceil(input_length / P)``."""
@@ -233,7 +235,7 @@ def build_workload(
         ConfigError: unknown name, ``trace_path`` missing for ``"trace"`` or given for a generator, a
             bad count, seed or page size, or a count whose requests would need more than
             ``cpkv.limits.MAX_ARRAY_BYTES`` (``REQUEST_BYTES`` each).
-        TraceError: the trace cannot be read or is malformed (see ``load_trace``).
+        TraceError: the trace cannot be read or is malformed (see ``trace.load_trace``).
     """
     if name not in WORKLOAD_NAMES:
         raise ConfigError(f"workload {name!r} is unknown; use one of {', '.join(WORKLOAD_NAMES)}")
@@ -253,10 +255,10 @@ def build_workload(
         )
     if name == "trace":
         assert trace_path is not None  # checked above: given exactly for "trace"
-        requests = load_trace(trace_path, max_requests=num_requests)
+        stream = TraceStream(trace_path, max_requests=num_requests)
         return WorkloadSpec(
             name=name,
-            requests=tuple(requests),
+            requests=stream,
             chunk_pages=None,
             description=f"Mooncake trace {os.fspath(trace_path)}",
         )
@@ -281,15 +283,31 @@ def build_workload(
 # --------------------------------------------------------------------------------------------- stats
 
 
-def workload_stats(requests: Sequence[Request]) -> dict[str, int | float]:
-    """Summary of a workload for report headers.
+def workload_stats(requests: Iterable[Request]) -> dict[str, int | float]:
+    """Summary of a workload for report headers, in one pass over ``requests`` (a stream is read once).
 
     Returns a dict: ``num_requests``; ``prompt_tokens_total``, ``prompt_tokens_max`` (ints, tokens);
     ``prompt_tokens_mean``, ``output_tokens_mean`` (floats, tokens); ``duration_ms`` (last minus first
     arrival, float ms); ``repeated_block_share`` (float in [0, 1]: block occurrences whose id occurred
-    earlier, over all block occurrences). An empty workload gives zeros.
+    earlier, over all block occurrences). An empty workload gives zeros. Memory: ``DistinctIds``' (a few
+    numbers when block ids are numbered in order of first appearance, as in the Mooncake traces).
     """
-    n = len(requests)
+    n = prompt_total = prompt_max = output_total = 0
+    first = last = 0.0
+    ids, batch = DistinctIds(), []
+    for r in requests:
+        if n == 0:
+            first = last = r.arrival_ms
+        n += 1
+        prompt_total += r.input_length
+        prompt_max = max(prompt_max, r.input_length)
+        output_total += r.output_length
+        first, last = min(first, r.arrival_ms), max(last, r.arrival_ms)
+        batch.append(r.hash_ids)
+        if len(batch) == _STATS_BATCH:
+            ids.add(np.fromiter(itertools.chain.from_iterable(batch), dtype=np.int64))
+            batch.clear()
+    ids.add(np.fromiter(itertools.chain.from_iterable(batch), dtype=np.int64))
     if n == 0:
         return {
             "num_requests": 0,
@@ -300,17 +318,47 @@ def workload_stats(requests: Sequence[Request]) -> dict[str, int | float]:
             "duration_ms": 0.0,
             "repeated_block_share": 0.0,
         }
-    prompt = np.fromiter((r.input_length for r in requests), dtype=np.int64, count=n)  # [n]
-    output = np.fromiter((r.output_length for r in requests), dtype=np.int64, count=n)  # [n]
-    arrival = np.fromiter((r.arrival_ms for r in requests), dtype=np.float64, count=n)  # [n]
-    blocks = np.fromiter(itertools.chain.from_iterable(r.hash_ids for r in requests), dtype=np.int64)
-    repeated = blocks.size - np.unique(blocks).size
+    # the means as numpy's of the int64 arrays: exact float sums below 2**53 tokens, then one division
     return {
         "num_requests": n,
-        "prompt_tokens_total": int(prompt.sum()),
-        "prompt_tokens_mean": float(prompt.mean()),
-        "prompt_tokens_max": int(prompt.max()),
-        "output_tokens_mean": float(output.mean()),
-        "duration_ms": float(arrival.max() - arrival.min()),
-        "repeated_block_share": repeated / blocks.size if blocks.size else 0.0,
+        "prompt_tokens_total": prompt_total,
+        "prompt_tokens_mean": float(np.float64(prompt_total) / n),
+        "prompt_tokens_max": prompt_max,
+        "output_tokens_mean": float(np.float64(output_total) / n),
+        "duration_ms": float(last - first),
+        "repeated_block_share": (ids.seen - ids.distinct) / ids.seen if ids.seen else 0.0,
     }
+
+
+_STATS_BATCH = 8192  # requests whose block ids workload_stats counts at once
+
+
+class DistinctIds:
+    """Counts the distinct ids (ints >= 0) of a stream of int64 batches, exactly, in bounded memory when ids are
+    numbered in order of first appearance (0, 1, 2, ... as they first occur, the Mooncake traces' numbering).
+
+    Holds ``dense`` (every id below it was seen) and ``sparse``, the sorted ids seen at or above it: with dense
+    numbering ``sparse`` keeps about one batch; with any other numbering it grows to the distinct ids (as a set
+    would). Attributes: ``seen`` (ids added, with repeats), ``distinct``. Example: batches [0, 1, 1] and [3, 2]:
+    seen 5, distinct 4, dense 4, sparse empty.
+    """
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.dense = 0
+        self.sparse = np.zeros(0, dtype=np.int64)
+
+    @property
+    def distinct(self) -> int:
+        return self.dense + int(self.sparse.size)
+
+    def add(self, ids: np.ndarray) -> None:
+        """Count the int64 ``ids`` (any shape, any order)."""
+        self.seen += int(ids.size)
+        new = np.unique(ids[ids >= self.dense])
+        if new.size:
+            self.sparse = np.union1d(self.sparse, new)
+        gap = self.sparse - np.arange(self.dense, self.dense + self.sparse.size)  # >= 0, non-decreasing
+        k = int(np.count_nonzero(gap == 0))  # the ids that continue dense
+        self.dense += k
+        self.sparse = self.sparse[k:]

@@ -120,6 +120,8 @@ def plan_sweep(grid: Grid, points: list[dict] | None = None) -> SweepPlan:
             ident += (options["seed"], options["page_size"])
         if ident not in specs:
             spec = workload_of(options)
+            if not isinstance(spec.requests, tuple):  # a streamed trace: held, as workers replay its groups
+                spec = dataclasses.replace(spec, requests=tuple(spec.requests))
             specs[ident] = (spec, workload_digest(spec.requests))
             plan.workloads[specs[ident][1]] = spec
         spec, digest = specs[ident]

@@ -37,12 +37,18 @@ def lost(task: PointTask, why: str) -> dict:
     }
 
 
+def _exit_with(parent: multiprocessing.process.BaseProcess) -> None:
+    """Exit this worker at once when ``parent`` (the driver) ends."""
+    parent.join()
+    os._exit(0)
+
+
 def _serve(conn) -> None:
     """A worker: the shipment, then one task at a time until the pipe closes or a None comes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops the pool on Ctrl-C
     parent = multiprocessing.parent_process()
     if parent is not None:  # the driver gone (even by SIGKILL): exit, whatever point is running
-        threading.Thread(target=lambda: (parent.join(), os._exit(0)), daemon=True).start()
+        threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     try:
         shipment = conn.recv()
         if shipment is None:  # stopped before any point

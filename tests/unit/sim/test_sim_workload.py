@@ -14,7 +14,7 @@ from cpkv.config import CPConfig
 from cpkv.errors import ConfigError
 from cpkv.planner import plan_request
 from cpkv.sim.scenarios import TINY_CHUNKS_CHUNK_PAGES, tiny_chunks_workload
-from cpkv.sim.trace import TRACE_BLOCK_TOKENS, Request, load_trace
+from cpkv.sim.trace import TRACE_BLOCK_TOKENS, Request, TraceStream, load_trace
 from cpkv.sim.workload import WORKLOAD_NAMES, WorkloadSpec, build_workload, synthetic_workload, workload_stats
 
 pytestmark = pytest.mark.unit
@@ -149,7 +149,9 @@ def test_build_workload(tmp_path):
     line = {"input_length": 1000, "output_length": 5, "hash_ids": [3, 4]}
     path.write_text("".join(json.dumps({"timestamp": t, **line}) + "\n" for t in range(4)))
     trace = build_workload("trace", num_requests=3, trace_path=path)
-    assert trace.requests == tuple(load_trace(path, max_requests=3))
+    assert isinstance(trace.requests, TraceStream)  # streamed: read from the file at each pass
+    assert len(trace.requests) == 3
+    assert tuple(trace.requests) == tuple(load_trace(path, max_requests=3))
     assert trace.chunk_pages is None
     assert set(WORKLOAD_NAMES) == {"synthetic", "tiny-chunks", "tiny-chunks-reload", "short-prompts", "trace"}
     assert (tiny.pool_percent, tiny.host_percent, synthetic.pool_percent, trace.pool_percent) == (

@@ -28,6 +28,7 @@ import numpy as np
 
 from ...allocator import ExtendAllocation
 from ...allocator.protocol import PageAllocator
+from ...cache.prefix_cache import PrefixCache
 from ..config import SimConfig
 from ..reservation import reservation_policy
 from .recompute import RecomputeCounter
@@ -49,6 +50,7 @@ class KVStorage:
     pages_per_unit = 1
     per_lane_reservation = True
     alloc: PageAllocator
+    cache: PrefixCache
     page_size: int
 
     def __init__(self, config: SimConfig, cost) -> None:

@@ -9,7 +9,11 @@ recompute: lost to eviction, to a cache too small, or to a cache unit coarser th
 (``interleaved-vblock`` matches whole virtual blocks of ``P * C`` tokens only).
 
 Pages are keyed by a 64-bit hash of the whole token prefix they end (each page's tokens hashed, mixed with
-its index, summed along the prompt), so a key names the prefix, not the page alone.
+its index, summed along the prompt), so a key names the prefix, not the page alone. The counter remembers the
+last ``MAX_COMPUTED_KEYS`` to ``2 * MAX_COMPUTED_KEYS`` keys computed (two generations; the older is dropped
+when the newer fills), so a day-scale replay holds a bounded set: exact while a replay computes fewer than
+``2 * MAX_COMPUTED_KEYS`` keys (the whole Mooncake conversation trace computes about 1.4 million), after that
+"computed before" means within the last two to four million pages computed.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ import numpy as np
 from ..trace import splitmix64
 
 _U64 = np.uint64
+
+MAX_COMPUTED_KEYS = 1 << 21
+"""Keys per generation of ``RecomputeCounter``'s memory (module docstring): 2,097,152, about 76 bytes each in a
+Python set, so at most about 320 MB for both generations."""
 
 
 class RecomputeCounter:
@@ -32,7 +40,8 @@ class RecomputeCounter:
         self.page_size = page_size
         self._mult = splitmix64(np.arange(page_size, dtype=_U64)) | _U64(1)  # [P] odd multipliers
         self._salt = np.zeros(0, dtype=_U64)  # [pages] salt of each page index, grown on demand
-        self._seen: set[int] = set()
+        self._seen: set[int] = set()  # the newer generation of computed keys
+        self._older: set[int] = set()  # the generation before it (MAX_COMPUTED_KEYS keys)
         self._keys: dict[
             int, np.ndarray
         ] = {}  # req_id -> keys of its prompt's pages, admission to retirement
@@ -56,13 +65,14 @@ class RecomputeCounter:
         keys = self.prefix_keys(token_ids, token_ids.shape[0] // self.page_size)
         self._keys[req_id] = keys
         pages = (token_ids.shape[0] - 1) // self.page_size
-        if not pages or not self._seen:
+        if not pages or not (self._seen or self._older):
             return 0
-        seen = self._seen
+        seen, older = self._seen, self._older
         lo, hi = 0, pages  # the computed pages are a prefix-closed set: the longest run by binary search
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if int(keys[mid - 1]) in seen else (lo, mid - 1)
+            key = int(keys[mid - 1])
+            lo, hi = (mid, hi) if key in seen or key in older else (lo, mid - 1)
         lost = max(0, lo * self.page_size - matched)
         self.tokens += lost
         return lost
@@ -75,3 +85,5 @@ class RecomputeCounter:
             keys = self.prefix_keys(token_ids, pages)
         if pages:
             self._seen.update(keys[:pages].tolist())
+            if len(self._seen) >= MAX_COMPUTED_KEYS:  # a new generation: the oldest keys are forgotten
+                self._older, self._seen = self._seen, set()
