@@ -34,6 +34,7 @@ class RecomputeCounter:
     def __init__(self, page_size: int, block_size: int = TRACE_BLOCK_TOKENS) -> None:
         self.page_size, self.block_size = page_size, block_size
         self._computed: dict[int, int] = {}  # block-prefix key -> most tokens computed with that prefix
+        self._keys: dict[int, list[int]] = {}  # req_id -> its prompt's block keys, admission to retirement
         self.tokens = 0
 
     @staticmethod
@@ -48,10 +49,10 @@ class RecomputeCounter:
         recomputes: ``P * (leading pages of its prompt less its last token the group had computed) -
         matched``, at least 0."""
         P, S, computed = self.page_size, self.block_size, self._computed
+        keys = self._keys[req.req_id] = self.block_keys(req.hash_ids, len(req.hash_ids))
         pages = (req.input_length - 1) // P
         if not pages or not computed:
             return 0
-        keys = self.block_keys(req.hash_ids, (pages * P - 1) // S + 1)
         lo = 0  # leading pages known computed
         while lo < pages:
             block = ((lo + 1) * P - 1) // S  # the block page lo ends in
@@ -66,11 +67,16 @@ class RecomputeCounter:
     def retired(self, req: Request, n: int) -> None:
         """Request ``req`` handed its first ``n`` prompt tokens to the cache: their whole pages are computed."""
         P, S, computed = self.page_size, self.block_size, self._computed
+        keys = self._keys.pop(req.req_id, None)
         tokens = n // P * P
         if not tokens:
             return
-        keys = self.block_keys(req.hash_ids, (tokens - 1) // S + 1)
-        for key in reversed(keys):  # a prefix's record is at least any longer prefix's: stop at one as long
+        blocks = (tokens - 1) // S + 1
+        if keys is None:  # not admitted (a rejected request hands over what it computed)
+            keys = self.block_keys(req.hash_ids, blocks)
+        for key in reversed(
+            keys[:blocks]
+        ):  # a prefix's record is at least any longer prefix's: stop at one as long
             if computed.get(key, 0) >= tokens:
                 break
             computed[key] = tokens
