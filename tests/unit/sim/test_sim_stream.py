@@ -16,7 +16,7 @@ from cpkv.sim.load import offered_load
 from cpkv.sim.metrics import StepRecorder
 from cpkv.sim.storage import recompute
 from cpkv.sim.synthetic_trace import TICK_MS, synthetic_trace, write_synthetic_trace
-from cpkv.sim.trace import TRACE_BLOCK_TOKENS, TraceError, TraceStream, iter_trace, load_trace
+from cpkv.sim.trace import TRACE_BLOCK_TOKENS, Request, TraceError, TraceStream, iter_trace, load_trace
 from cpkv.sim.workload import DistinctIds, build_workload, workload_stats
 
 pytestmark = pytest.mark.unit
@@ -198,10 +198,13 @@ def test_step_recorder_blocks_equal_stacked_rows(monkeypatch):
 
 def test_recompute_memory_is_two_generations(monkeypatch):
     monkeypatch.setattr(recompute, "MAX_COMPUTED_KEYS", 4)
-    counter = recompute.RecomputeCounter(page_size=2)
-    prompts = [np.arange(1 + 10 * k, 10 * k + 8, dtype=np.int64) for k in range(4)]  # 7 tokens: 3 pages
-    for k, p in enumerate(prompts):
-        counter.admitted(k, p, 0)
-        counter.retired(k, p, 6)
-    # 3 keys a prompt: generations of 6, 6: the first two prompts' keys were dropped, the last two kept
-    assert counter.admitted(10, prompts[3], 0) == 6 and counter.admitted(11, prompts[0], 0) == 0
+    counter = recompute.RecomputeCounter(page_size=2, block_size=2)
+    # 7 tokens in blocks of 2: 4 block ids, 3 whole pages handed over (6 tokens) -> 3 block prefixes each
+    prompts = [Request(k, 0.0, 7, 0, tuple(range(10 * k, 10 * k + 4))) for k in range(4)]
+    for p in prompts:
+        counter.admitted(p, 0)
+        counter.retired(p, 6)
+    # a generation fills at 4 prefixes: prompts 0-1 (6 prefixes) become the older generation, then prompts 2-3
+    # fill the next and push them out: the last two prompts' prefixes are kept, the first ones forgotten
+    again = [Request(10 + k, 0.0, 7, 0, p.hash_ids) for k, p in enumerate(prompts)]
+    assert counter.admitted(again[3], 0) == 6 and counter.admitted(again[0], 0) == 0

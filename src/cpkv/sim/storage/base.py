@@ -86,11 +86,11 @@ class KVStorage:
     # ------------------------------------------------------------------------------------------ hooks
     def admitted(self, run) -> None:
         """A request was admitted with ``run.kv.length`` prompt tokens from the cache (``RunningRequest``)."""
-        self.recompute.admitted(run.req.req_id, run.token_ids, run.kv.length)
+        self.recompute.admitted(run.req, run.kv.length)
 
     def retired(self, run, n: int) -> None:
         """A request handed its first ``n`` prompt tokens to the cache."""
-        self.recompute.retired(run.req.req_id, run.token_ids, n)
+        self.recompute.retired(run.req, n)
 
     # ---------------------------------------------------------------------------------------- report
     def metrics(self, counters) -> dict:

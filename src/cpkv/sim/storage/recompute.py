@@ -8,25 +8,29 @@ the group has computed; what it matched in the real cache falls short of that by
 recompute: lost to eviction, to a cache too small, or to a cache unit coarser than a page
 (``interleaved-vblock`` matches whole virtual blocks of ``P * C`` tokens only).
 
-Pages are keyed by a 64-bit hash of the whole token prefix they end (each page's tokens hashed, mixed with
-its index, summed along the prompt), so a key names the prefix, not the page alone. The counter remembers the
-last ``MAX_COMPUTED_KEYS`` to ``2 * MAX_COMPUTED_KEYS`` keys computed (two generations; the older is dropped
-when the newer fills), so a day-scale replay holds a bounded set: exact while a replay computes fewer than
-``2 * MAX_COMPUTED_KEYS`` keys (the whole Mooncake conversation trace computes about 1.4 million), after that
-"computed before" means within the last two to four million pages computed.
+A prompt's tokens are a function of its block ids (``trace.prompt_token_ids``: ``hash_ids``, blocks of
+``TRACE_BLOCK_TOKENS`` = S tokens), so two prompts agree on their first ``(j + 1) * P`` tokens exactly when
+they agree on the ids of the blocks those tokens lie in (up to the 2**(-30 P) chance that two ids give one
+page of tokens). The counter therefore keys block prefixes, not pages: key ``b`` of a prompt is a 64-bit
+hash chained over its ids ``0 .. b``, and the record maps a key to the most tokens (whole pages) a retired
+request with that block prefix computed. Page j, which ends in block ``((j + 1) * P - 1) // S``, is computed
+exactly when that block's key records at least ``(j + 1) * P`` tokens. The work is O(blocks) per request
+(a prompt's tokens are never read), the record one entry per block prefix computed.
+
+The record keeps the last ``MAX_COMPUTED_KEYS`` to ``2 * MAX_COMPUTED_KEYS`` block prefixes written (two
+generations; the older is dropped when the newer fills), so a day-scale replay holds a bounded record: exact
+while a replay computes fewer than ``MAX_COMPUTED_KEYS`` block prefixes (the whole Mooncake conversation trace
+computes well under a million), after that "computed before" means within the last two to four million
+block prefixes written.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..trace import splitmix64
-
-_U64 = np.uint64
+from ..trace import TRACE_BLOCK_TOKENS, Request
 
 MAX_COMPUTED_KEYS = 1 << 21
-"""Keys per generation of ``RecomputeCounter``'s memory (module docstring): 2,097,152, about 76 bytes each in a
-Python set, so at most about 320 MB for both generations."""
+"""Block prefixes per generation of ``RecomputeCounter``'s record (module docstring): 2,097,152, about 100 bytes
+each in a dict, so at most about 420 MB for both generations."""
 
 
 class RecomputeCounter:
@@ -34,56 +38,60 @@ class RecomputeCounter:
 
     Args:
         page_size: tokens per page (P) of the compute plan.
+        block_size: tokens per block id of the requests' ``hash_ids`` (S, ``TRACE_BLOCK_TOKENS``).
     """
 
-    def __init__(self, page_size: int) -> None:
-        self.page_size = page_size
-        self._mult = splitmix64(np.arange(page_size, dtype=_U64)) | _U64(1)  # [P] odd multipliers
-        self._salt = np.zeros(0, dtype=_U64)  # [pages] salt of each page index, grown on demand
-        self._seen: set[int] = set()  # the newer generation of computed keys
-        self._older: set[int] = set()  # the generation before it (MAX_COMPUTED_KEYS keys)
-        self._keys: dict[
-            int, np.ndarray
-        ] = {}  # req_id -> keys of its prompt's pages, admission to retirement
+    def __init__(self, page_size: int, block_size: int = TRACE_BLOCK_TOKENS) -> None:
+        self.page_size, self.block_size = page_size, block_size
+        self._computed: dict[
+            int, int
+        ] = {}  # block-prefix key -> most tokens computed with that prefix (newer)
+        self._older: dict[int, int] = {}  # the generation before it (MAX_COMPUTED_KEYS keys)
+        self._keys: dict[int, list[int]] = {}  # req_id -> its prompt's block keys, admission to retirement
         self.tokens = 0
 
-    def prefix_keys(self, token_ids: np.ndarray, pages: int) -> np.ndarray:
-        """Keys of the first ``pages`` whole pages of ``token_ids`` (int64), uint64 ``[pages]``: key j names
-        tokens ``0 .. (j + 1) * P - 1``."""
-        P = self.page_size
-        if self._salt.shape[0] < pages:
-            self._salt = splitmix64(np.arange(max(pages, 2 * self._salt.shape[0]), dtype=_U64))
-        blocks = token_ids[: pages * P].view(_U64).reshape(pages, P)
-        with np.errstate(over="ignore"):
-            page_hash = (blocks * self._mult).sum(axis=1, dtype=_U64)  # wraps mod 2**64
-            return np.cumsum(splitmix64(page_hash ^ self._salt[:pages]), dtype=_U64)
+    @staticmethod
+    def block_keys(hash_ids, blocks: int) -> list[int]:
+        """Keys of the first ``blocks`` block prefixes of a prompt with block ids ``hash_ids``: key b is a
+        64-bit hash (Python's, of ints: the same in every process) chained over ids ``0 .. b``."""
+        key = 0
+        return [key := hash((key, block_id)) for block_id in hash_ids[:blocks]]
 
-    def admitted(self, req_id: int, token_ids: np.ndarray, matched: int) -> int:
-        """Count request ``req_id`` admitted with ``matched`` prompt tokens from the cache; returns the
-        tokens it recomputes: ``P * (leading pages of token_ids[:-1] the group had computed) - matched``, at
-        least 0."""
-        keys = self.prefix_keys(token_ids, token_ids.shape[0] // self.page_size)
-        self._keys[req_id] = keys
-        pages = (token_ids.shape[0] - 1) // self.page_size
-        if not pages or not (self._seen or self._older):
+    def admitted(self, req: Request, matched: int) -> int:
+        """Count request ``req`` admitted with ``matched`` prompt tokens from the cache; returns the tokens it
+        recomputes: ``P * (leading pages of its prompt less its last token the group had computed) -
+        matched``, at least 0."""
+        P, S, computed, older = self.page_size, self.block_size, self._computed, self._older
+        keys = self._keys[req.req_id] = self.block_keys(req.hash_ids, len(req.hash_ids))
+        pages = (req.input_length - 1) // P
+        if not pages or not (computed or older):
             return 0
-        seen, older = self._seen, self._older
-        lo, hi = 0, pages  # the computed pages are a prefix-closed set: the longest run by binary search
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            key = int(keys[mid - 1])
-            lo, hi = (mid, hi) if key in seen or key in older else (lo, mid - 1)
-        lost = max(0, lo * self.page_size - matched)
+        lo = 0  # leading pages known computed
+        while lo < pages:
+            block = ((lo + 1) * P - 1) // S  # the block page lo ends in
+            done = computed.get(keys[block], older.get(keys[block], 0)) // P  # pages ending in this block
+            if done <= lo:
+                break
+            lo = min(done, (block + 1) * S // P, pages)  # the last page ending in this block, at most
+        lost = max(0, lo * P - matched)
         self.tokens += lost
         return lost
 
-    def retired(self, req_id: int, token_ids: np.ndarray, n: int) -> None:
-        """Request ``req_id`` handed its first ``n`` prompt tokens to the cache: their whole pages are computed."""
-        pages = n // self.page_size
-        keys = self._keys.pop(req_id, None)
-        if keys is None or keys.shape[0] < pages:
-            keys = self.prefix_keys(token_ids, pages)
-        if pages:
-            self._seen.update(keys[:pages].tolist())
-            if len(self._seen) >= MAX_COMPUTED_KEYS:  # a new generation: the oldest keys are forgotten
-                self._older, self._seen = self._seen, set()
+    def retired(self, req: Request, n: int) -> None:
+        """Request ``req`` handed its first ``n`` prompt tokens to the cache: their whole pages are computed."""
+        P, S, computed, older = self.page_size, self.block_size, self._computed, self._older
+        keys = self._keys.pop(req.req_id, None)
+        tokens = n // P * P
+        if not tokens:
+            return
+        blocks = (tokens - 1) // S + 1
+        if keys is None:  # not admitted (a rejected request hands over what it computed)
+            keys = self.block_keys(req.hash_ids, blocks)
+        for key in reversed(
+            keys[:blocks]
+        ):  # a prefix's record is at least any longer prefix's: stop at one as long
+            if computed.get(key, older.get(key, 0)) >= tokens:
+                break
+            computed[key] = tokens
+        if len(computed) >= MAX_COMPUTED_KEYS:  # a new generation: the oldest block prefixes are forgotten
+            self._older, self._computed = computed, {}

@@ -52,7 +52,8 @@ INDEX_TOPK = 2048
 """Keys the sparse attention selects per query (DeepSeek-V3.2; the measured tables' ``index_topk``)."""
 
 READ_BATCH = 1024
-"""Steps of remote reads ``KVTraffic`` keeps before pricing them in one call (at most about 100 kB at C=8)."""
+"""Steps of remote reads ``KVTraffic`` keeps before counting and pricing them in one call (owner-lane steps
+keep their plans and the first slot of each page: a few MB for 1,024 steps of 16,384 tokens at C=8)."""
 
 ILLUSTRATIVE_LATENCY_MS = 0.01
 ILLUSTRATIVE_GB_PER_S = 100.0
@@ -84,9 +85,10 @@ class KVTraffic:
         comm_ms: sum over steps of the slowest rank's priced KV traffic, ms.
         exposed_ms: the part of it added to the steps (the extend all-gathers), ms.
 
-    Remote reads are kept per step and priced ``READ_BATCH`` steps at a time, in one call (the step loop's
-    cost), when ``read_bytes`` or ``comm_ms`` is read or an all-gather is counted: the same elementwise
-    prices, added to ``comm_ms`` in step order, so every total is what pricing each step at once gives.
+    Remote reads are kept per step and counted and priced ``READ_BATCH`` steps at a time, in one call each
+    (the step loop's cost), when ``read_bytes`` or ``comm_ms`` is read or an all-gather is counted: the same
+    integer counts and elementwise prices, added to ``comm_ms`` in step order, so every total is what
+    counting and pricing each step at once gives.
     """
 
     def __init__(self, cost, cp_size: int) -> None:
@@ -106,6 +108,7 @@ class KVTraffic:
         self._comm_ms = 0.0
         self.exposed_ms = 0.0
         self._reads: list[np.ndarray] = []  # int64 [C] per-layer bytes of each step not priced yet
+        self._steps: list[tuple[BatchPlan, np.ndarray]] = []  # owner-lane steps not counted yet
 
     @property
     def read_bytes(self) -> np.ndarray:
@@ -140,13 +143,29 @@ class KVTraffic:
     def add_reads(self, layer_bytes: np.ndarray) -> None:
         """Count one step's remote reads: ``layer_bytes`` int64 ``[C]`` bytes each rank reads per layer
         (kept, priced with the next ``READ_BATCH`` steps')."""
+        self._count_steps()  # the kept owner-lane steps first: steps are priced in order
         if layer_bytes.any():
             self._reads.append(layer_bytes)
             if len(self._reads) >= READ_BATCH:
                 self._price_reads()
 
+    def add_owner_lane_step(self, plan: BatchPlan, slots: np.ndarray) -> None:
+        """Keep one owner-lane prefill step (``plan``, ``slots``: ``owner_lane_reads``'s) whose reads are
+        counted, then priced, with the next ``READ_BATCH`` steps' (``owner_lane_layer_bytes``)."""
+        self._steps.append((plan, slots))
+        if len(self._steps) + len(self._reads) >= READ_BATCH:
+            self._price_reads()
+
+    def _count_steps(self) -> None:
+        """Turn the kept owner-lane steps into per-layer reads (``_reads``, those that read anything)."""
+        if self._steps:
+            layer = owner_lane_layer_bytes(self._steps, self)
+            self._steps = []
+            self._reads.extend(layer[layer.any(axis=1)])
+
     def _price_reads(self) -> None:
         """Add the kept steps' reads to ``read_bytes`` and their prices to ``comm_ms`` (step order)."""
+        self._count_steps()
         if not self._reads:
             return
         layer = np.stack(self._reads)  # [steps, C]
@@ -177,24 +196,21 @@ class KVTraffic:
         }
 
 
-def position_page_lanes(
-    rows: Sequence[np.ndarray], plan: BatchPlan, out: np.ndarray, page_size: int, lanes: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Storage lane of every position-page of each request of a step, after its allocation, concatenated in
-    request order: ``(lanes, indptr)``, int64 ``[sum k_i]`` and ``[B + 1]``, ``k_i = ceil((L0 + E) / P)``.
+def position_page_slots(rows: Sequence[np.ndarray], plan: BatchPlan, out: np.ndarray) -> np.ndarray:
+    """Slot of the first position of every position-page of each request of a step, after its allocation,
+    concatenated in request order: int64 ``[sum k_i]``, ``k_i = ceil((L0 + E) / P)`` (a new array).
 
     ``rows``: each request's ``req_to_token`` row (slots of its prefix positions); ``out``: the step's
-    ``out_cache_loc`` (slots of the extend, request order). Slots are page aligned, so position-page j's
-    lane is the lane of the slot of its first position ``j * P`` (a prefix slot, else an extend slot).
+    ``out_cache_loc`` (slots of the extend, request order). Slots are page aligned, so position-page j lies in
+    the page of the slot of its first position ``j * P`` (a prefix slot, else an extend slot); its lane is
+    ``slot // P % C``.
     """
-    P, L0, ind = page_size, plan.prefix_lens.tolist(), plan.extend_indptr.tolist()
+    P, L0, ind = plan.config.page_size, plan.prefix_lens.tolist(), plan.extend_indptr.tolist()
     parts = []
     for i, row in enumerate(rows):
         parts.append(row[0 : L0[i] : P])
         parts.append(out[ind[i] + (-L0[i] % P) : ind[i + 1] : P])  # the first new page's first slot onwards
-    pages = np.concatenate(parts) if parts else np.zeros(0, dtype=_I64)
-    k = -(-(plan.prefix_lens + plan.extend_lens) // P)
-    return pages // P % lanes, indptr(k)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=_I64)
 
 
 def owner_lane_reads(
@@ -202,31 +218,52 @@ def owner_lane_reads(
 ) -> None:
     """Count owner-lane's remote reads of one prefill step (module docstring): for each request and each
     rank that computes some of it, the positions before the end of that rank's last run there whose page
-    lives on another lane. ``rows``, ``out``: as ``position_page_lanes``; ``plan``: the step's plan."""
-    C, P, B = plan.config.cp_size, plan.config.page_size, plan.num_requests
-    runs = plan.token_runs
-    if C == 1 or runs.length.shape[0] == 0:
+    lives on another lane. ``rows``, ``out``: as ``position_page_slots``; ``plan``: the step's plan. The step
+    is kept (its plan and its pages' slots) and counted with the next ``READ_BATCH`` steps
+    (``owner_lane_layer_bytes``), as its price is."""
+    if plan.config.cp_size == 1 or plan.token_runs.length.shape[0] == 0:
         return
-    flat_start = np.add.accumulate(runs.length) - runs.length
-    end = plan.prefix_lens[runs.req] + (flat_start - plan.extend_indptr[runs.req]) + runs.length  # [R]
-    b = np.zeros(B * C, dtype=_I64)
-    np.maximum.at(b, runs.req * C + runs.owner, end)  # end of each (request, rank)'s last run
-    n = plan.per_request_rank_tokens.reshape(-1)  # [B * C] queries of each (request, rank)
+    traffic.add_owner_lane_step(plan, position_page_slots(rows, plan, out))
+
+
+def owner_lane_layer_bytes(steps: Sequence[tuple[BatchPlan, np.ndarray]], traffic: KVTraffic) -> np.ndarray:
+    """Bytes per layer each rank reads from other lanes in each of ``steps`` (``(plan, position_page_slots)``
+    of owner-lane prefill steps of one group, C > 1, each with tokens), int64 ``[steps, C]``: the steps'
+    requests, runs and pages concatenated, so the whole batch costs some 40 numpy calls.
+
+    For each (request, rank) pair with queries, ``end`` is the end of the rank's last run there; ``V = end -
+    local``, ``local`` the positions before ``end`` whose page is on the rank's lane (whole pages counted by
+    a search in the pages sorted by lane, stably, plus the part of a partly covered page on that lane).
+    """
+    plans = [plan for plan, _ in steps]
+    C, P = plans[0].config.cp_size, plans[0].config.page_size
+    runs = [plan.token_runs for plan in plans]
+    B = np.array([plan.num_requests for plan in plans], dtype=_I64)
+    L0 = np.concatenate([plan.prefix_lens for plan in plans])  # [Bt] over the batch's requests
+    E = np.concatenate([plan.extend_lens for plan in plans])
+    req = np.concatenate([r.req for r in runs]) + np.repeat(indptr(B)[:-1], [r.req.shape[0] for r in runs])
+    length = np.concatenate([r.length for r in runs])  # [R]
+    flat_start = np.add.accumulate(length) - length  # tokens of the batch before each run
+    end = L0[req] + (flat_start - indptr(E)[req]) + length  # [R] position after each run
+    b = np.zeros(L0.shape[0] * C, dtype=_I64)
+    np.maximum.at(b, req * C + np.concatenate([r.owner for r in runs]), end)  # (request, rank)'s last end
+    n = np.concatenate([plan.per_request_rank_tokens for plan in plans]).reshape(-1)  # [Bt * C] queries
     pair = np.flatnonzero(n)  # the (request, rank) pairs that compute
     req, rank, ends = pair // C, pair % C, b[pair]
-    lanes, ptr = position_page_lanes(rows, plan, out, P, C)
-    onehot = np.zeros((C, lanes.shape[0] + 1), dtype=_I64)  # [C, pages + 1]: pages of each lane before g
-    onehot[lanes, np.arange(1, lanes.shape[0] + 1)] = 1
-    before = np.cumsum(onehot, axis=1)
+    lanes = (np.concatenate([slots for _, slots in steps]) // P % C).astype(np.int16)  # [G] each page's lane
+    G = lanes.shape[0]
+    order = np.argsort(lanes, kind="stable")  # pages by lane, in page order within a lane
+    key = lanes[order] * _I64(G + 1) + order  # ascending: lane * (G + 1) + page
     full, part = ends // P, ends % P  # pages wholly before each end, and the tokens of the next
-    base = ptr[req]
-    local = (before[rank, base + full] - before[rank, base]) * P
-    tail = np.minimum(
-        base + full, max(lanes.shape[0] - 1, 0)
-    )  # the partly covered page (valid where part > 0)
+    base = indptr(-(-(L0 + E) // P))[req]  # each pair's request's first page
+    lane_base = rank * (G + 1)
+    local = (np.searchsorted(key, lane_base + base + full) - np.searchsorted(key, lane_base + base)) * P
+    tail = np.minimum(base + full, max(G - 1, 0))  # the partly covered page (valid where part > 0)
     local += np.where((part > 0) & (lanes[tail] == rank), part, 0)
     layer = traffic.read_layer_bytes(ends - local, n[pair])
-    traffic.add_reads(np.bincount(rank, weights=layer, minlength=C).astype(_I64))
+    step = np.repeat(np.arange(len(steps)), B)[req]
+    per_step = np.bincount(step * C + rank, weights=layer, minlength=len(steps) * C)
+    return per_step.astype(_I64).reshape(len(steps), C)
 
 
 def prefix_gather_rows(rows: Sequence[np.ndarray], plan: BatchPlan, storage_page: int, physical) -> int:

@@ -119,6 +119,30 @@ def test_traffic_of_every_step_matches_the_token_oracle(design):
     assert m["kv_allgather_bytes_per_rank"] == (steps[-1][3][0] if design != "owner-lane" else 0)
 
 
+def test_owner_lane_reads_counted_in_batches_equal_the_steps_counted_one_at_a_time(monkeypatch):
+    """``owner_lane_layer_bytes`` counts the kept steps together (requests, runs and pages of many steps
+    concatenated); the totals equal counting each step as it comes (the oracle test's per-step reads)."""
+    from cpkv.sim.storage import traffic
+
+    reqs = [
+        Request(i, 20.0 * i, 150 + 97 * i, 0, ((1,) if i % 2 else (2,)) + (100 + i, 200 + i, 300 + i))
+        for i in range(16)
+    ]
+    reqs = [
+        Request(r.req_id, r.arrival_ms, r.input_length, 0, r.hash_ids[: -(-r.input_length // 512)])
+        for r in reqs
+    ]
+    cfg = SimConfig(cp_size=4, page_size=8, pages_per_lane=400, chunk_size=160, max_batch_tokens=320)
+    totals = []
+    for batch in (1, 5, 1024):  # one step at a time, a few, the whole replay in one batch
+        monkeypatch.setattr(traffic, "READ_BATCH", batch)
+        run = PolicyRun(cfg, "rotation", reqs, kv_storage="owner-lane")
+        m = run.run().metrics
+        t = run.storage.traffic
+        totals.append((t.read_bytes.tolist(), t.comm_ms, m["kv_remote_read_bytes_per_rank"]))
+    assert totals[0][0][0] > 0 and totals[0] == totals[1] == totals[2]
+
+
 def test_measured_model_prices_the_all_gather_from_its_nccl_tables():
     COST.require()
     from cpkv.cost import MeasuredCost, MeasuredSpec
