@@ -298,7 +298,7 @@ def _fill(plan: SweepPlan, records: dict, lost: dict) -> list[dict]:
 
 def _title(grid: Grid, plan: SweepPlan) -> str:
     """E.g. ``cpkv sweep g.toml: Mooncake trace t.jsonl, 2,000 requests, 48 points | times: measured ...``."""
-    from ..sim.runner import cost_line
+    from ..sim.replay import cost_line
 
     several = len(plan.provenances) > 1  # e.g. one per cp_size: their EP widths differ
     lines = {
