@@ -163,7 +163,7 @@ def test_one_strategy_keeps_the_labels_and_names_itself_in_the_config():
 
 def test_sweep_point_key_and_rows_hold_the_strategy(tmp_path):
     from cpkv.sweep.grid import read_grid
-    from cpkv.sweep.plan import plan_sweep
+    from cpkv.sweep.points import prepare_points
 
     grid = tmp_path / "grid.toml"
     grid.write_text(
@@ -172,7 +172,7 @@ def test_sweep_point_key_and_rows_hold_the_strategy(tmp_path):
     )
     parsed = read_grid(grid)
     assert parsed.axes["cp_strategy"] == ("zigzag", "interleave")
-    plan = plan_sweep(parsed)
+    plan = prepare_points(parsed)
     assert [r["cp_strategy"] for r in plan.rows] == ["zigzag", "interleave"]
     keys = [r["key"] for r in plan.rows]
     assert len(set(keys)) == 2
