@@ -132,7 +132,7 @@ def test_each_dict_fills_exactly_its_groups_names(design):
     spec = build_workload("synthetic", num_requests=6, seed=1)
     run = PolicyRun(SimConfig(**SMALL, spec_draft_tokens=2), "balanced", spec.requests, kv_storage=design)
     metrics = run.run().metrics
-    assert set(run.spec.metrics()) == set(metric_names(group=SPEC))
+    assert set(run.drafts.metrics()) == set(metric_names(group=SPEC))
     assert set(run.storage.metrics(run.counters)) == set(metric_names(group=STORAGE))
     assert set(metrics) == {
         *metric_names(group=CORE),
