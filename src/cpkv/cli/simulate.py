@@ -88,9 +88,8 @@ def simulate(**options) -> None:
     Times are H200 milliseconds of DeepSeek-V3.2 on SGLang by default (--cost-model measured, the `cost`
     extra: pip install '.[cost]' in a cpkv checkout); docs/cost-model.md says what they hold.
     """
+    from ..sim.replay import SimulationInterrupted, replay
     from ..sim.report import prepare_out_dir
-    from ..sim.runner import SimulationInterrupted
-    from ..sim.runner import simulate as run_simulation
 
     out_dir, no_progress = options.pop("out_dir"), options.pop("no_progress")
     check_workload_options(options)
@@ -122,7 +121,7 @@ def simulate(**options) -> None:
     prepare_out_dir(out_dir)  # as the replay does first: an output that fails prints nothing before its error
     click.echo("\n".join(lines))
     try:
-        result = run_simulation(
+        result = replay(
             config,
             spec,
             policies,

@@ -86,7 +86,7 @@ class PolicyRun:
             kv_storage, config, policy, self.cost
         )  # C-STORAGE: allocator, cache, traffic
         self.alloc, self.cache, self.policy = self.storage.alloc, self.storage.cache, self.storage.policy
-        self.spec = (
+        self.drafts = (
             SpecDecoder(self.alloc, config.spec_draft_tokens, config.spec_accept_rate, config.seed)
             if config.spec_draft_tokens
             else None
@@ -278,7 +278,7 @@ class PolicyRun:
         token (C-DRAFT: K slots per step, the rejected tail released after verification)."""
         if not self.cfg.colocated_decode or req.output_length == 0:
             return req.input_length
-        return req.input_length + req.output_length + (self.cfg.spec_draft_tokens - 1 if self.spec else 0)
+        return req.input_length + req.output_length + (self.cfg.spec_draft_tokens - 1 if self.drafts else 0)
 
     def _pages_left(self, r: RunningRequest) -> int:
         return pages_to_finish(self._kv_tokens(r.req), r.kv.length, self.storage.page_size)
@@ -314,8 +314,8 @@ class PolicyRun:
         try:  # fast path: every request's slots fit in free pages (the builder would plan the same batch)
             batch = list(self.decoding)
             a = (
-                self.spec.alloc_draft(seqs, lasts)
-                if self.spec
+                self.drafts.alloc_draft(seqs, lasts)
+                if self.drafts
                 else self.alloc.alloc_extend(seqs, [k] * len(seqs), lasts)
             )
         except LaneExhausted:
@@ -328,13 +328,13 @@ class PolicyRun:
             if out is None:
                 return None
             batch, a, _ = out
-            if self.spec:
-                self.spec.count_draft(a)
+            if self.drafts:
+                self.drafts.count_draft(a)
         seq = [r.kv.length for r in batch]
         kept = None  # all of each request's slots and pages, or with MTP what verification kept
-        if self.spec:
+        if self.drafts:
             left = [r.req.output_length - r.decoded for r in batch]
-            kept = self.spec.verify(a, [r.req.req_id for r in batch], seq, left, [r.slots for r in batch])
+            kept = self.drafts.verify(a, [r.req.req_id for r in batch], seq, left, [r.slots for r in batch])
         for i, r in enumerate(batch):
             r.decoded += r.kv.take(a, i, *kept[i]) if kept else r.kv.take(a, i)
             if r.decoded == r.req.output_length:
@@ -407,6 +407,8 @@ class PolicyRun:
     # --------------------------------------------------------------------------------------- results
     def _result(self, wall_s: float) -> PolicyResult:
         c = self.counters
-        metrics = policy_metrics(self.cfg, c, self.rec, self.storage, self.spec, self.leaked_pages(), wall_s)
+        metrics = policy_metrics(
+            self.cfg, c, self.rec, self.storage, self.drafts, self.leaked_pages(), wall_s
+        )
         ttft = np.asarray(c.ttft_ms, dtype=np.float64)  # [finished requests], ms
         return PolicyResult(self.storage.label, metrics, self.rec.times(), self.rec.used(), ttft)

@@ -14,7 +14,7 @@ from .counters import ReplayCounters
 
 CORE, SPEC, STORAGE, RUN = "core", "spec", "storage", "run"
 """Who fills a metric: ``policy_metrics`` (core), ``SpecDecoder.metrics`` (spec, with ``--spec-draft-tokens``),
-``KVStorage.metrics`` (storage), ``sim.runner.simulate`` (run: the replay's label)."""
+``KVStorage.metrics`` (storage), ``sim.replay.replay`` (run: the replay's label)."""
 
 SUM, MAX, ANY, SAME, LANES_MAX, LANES_SUM = "sum", "max", "any", "same", "lanes-max", "lanes-sum"
 COUNTS, MERGED, PER_GROUP = "counts", "merged", "per-group"
@@ -88,7 +88,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("kv_remote_read_bytes_per_rank", STORAGE, MAX, "bytes", STORAGE),
     Metric("kv_comm_ms", STORAGE, MAX, "ms", STORAGE),
     Metric("kv_comm_exposed_ms", STORAGE, MAX, "ms", STORAGE),
-    # the runner's label of the replay
+    # the label replay.py gives the replay
     Metric("cp_strategy", RUN, SAME, "-", None),
 )
 """Every metric of ``report.json``, each once (docs/metrics.md defines them). Adding a metric: one entry

@@ -108,7 +108,7 @@ def write_outputs(
     ``storage.png`` when the results compare KV storage designs.
 
     ``report.json`` is ``{"status", "policies_pending", "config", "policies": {"<policy>": {metrics}}}``
-    (``<design>/<policy>`` or ``<design>`` when designs are compared, see ``runner.runs``);
+    (``<design>/<policy>`` or ``<design>`` when designs are compared, see ``replay.runs``);
     ``status`` is ``complete`` when nothing is ``pending``, else ``incomplete`` (or ``interrupted``).
     Each file is written to a temporary name and renamed into place on its own; a file that fails does
     not stop the others.

@@ -2,7 +2,7 @@
 (``workload_of``), the ``SimConfig`` (``config_of``) and its cost model (``measured_spec``).
 
 ``cli/simulate.py`` builds its click options from the table, and ``cpkv sweep`` takes its grid keys,
-defaults and value conversion from it (``sweep/grid.py``, ``plan.py``, ``point.py``): a setting added here
+defaults and value conversion from it (``sweep/grid.py``, ``points.py``, ``point.py``): a setting added here
 is a flag and a grid key. Each setting belongs to one group: ``workload`` (which requests), ``config`` (a
 ``SimConfig`` field of the same name), ``cost`` (``SimConfig.measured``) or ``selector`` (which replays run:
 ``--policy``, ``--kv-storage``, ``--cp-strategy``, repeatable, ``all`` expanded by ``validate.expand_all``).

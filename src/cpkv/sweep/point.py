@@ -113,14 +113,14 @@ def point_key(
 
 def run_task(task: PointTask, workloads: dict) -> dict:
     """Replay ``task`` on ``workloads[task.workload]``: each group's requests (``groups.split``) through
-    ``cpkv simulate``'s replay (``sim.runner.simulate``, one policy, no output files), combined
+    ``cpkv simulate``'s replay (``sim.replay.replay``, one policy, no output files), combined
     (``groups.combine``).
 
     Returns ``{"key", "status": "ok" | "failed", "error" (one line or None), "metrics" (or None),
     "per_group" (requests and TTFT p99 of each group), "wall_s", "cpkv_version"}``. An exception of the
     replay is the point's one-line error, never raised; KeyboardInterrupt is raised.
     """
-    from ..sim.runner import simulate as run_simulation
+    from ..sim.replay import replay
 
     t0 = time.perf_counter()
     out: dict[str, object] = {
@@ -143,7 +143,7 @@ def run_task(task: PointTask, workloads: dict) -> dict:
                     spec, requests=requests, description=f"{spec.description}, group {g + 1} of {task.groups}"
                 )
             )
-            result = run_simulation(
+            result = replay(
                 task.config, part, [task.policy], kv_storage=[task.kv_storage], progress=False, table=False
             ).results[0]
             assert result.ttft_ms is not None  # the engine records every replay's TTFTs

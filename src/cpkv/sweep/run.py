@@ -18,8 +18,8 @@ from ..sim.report import ReportWriteError, prepare_out_dir, write_atomic
 from .columns import METRIC_FIELDS, TIMING_FIELDS
 from .executors import run_local, run_ray
 from .grid import Grid
-from .plan import SweepPlan, plan_sweep
 from .point import CPKV_VERSION, Shipment
+from .points import SweepPoints, prepare_points
 from .results import designs, metric_fields, print_summary, results_csv, results_json, summary_csv
 from .search import search_groups, search_lines
 
@@ -75,14 +75,16 @@ def sweep(
 
     Raises:
         ReportWriteError: ``out_dir`` cannot be written (before any replay).
-        GridError, CpkvError: see ``plan_sweep``.
+        GridError, CpkvError: see ``prepare_points``.
         SweepInterrupted: Ctrl-C or ``SweepTerminated`` (SIGTERM; ``.terminated``); the finished points are
             stored and the results of those written.
     """
     from ..sim.report import load_plotting
 
     t0 = time.perf_counter()
-    plan = plan_sweep(grid) if grid.search is None else None  # a bad point fails before anything is written
+    plan = (
+        prepare_points(grid) if grid.search is None else None
+    )  # a bad point fails before anything is written
     prepare_out_dir(out_dir)
     points_dir = out_dir / POINTS_DIR
     prepare_out_dir(points_dir)
@@ -138,13 +140,11 @@ class Replayer:
         self.lost: dict[str, dict] = {}
         self.replayed = self.stored = self.failed = 0
         self.status = "complete"
-        self.plans: list[SweepPlan] = []
+        self.plans: list[SweepPoints] = []
 
-    def merged(self, grid: Grid) -> SweepPlan:
+    def merged(self, grid: Grid) -> SweepPoints:
         """One plan of every point replayed so far, renumbered in order (a search's rounds)."""
-        from .plan import SweepPlan as Plan
-
-        out = Plan([], {}, {}, self.plans[0].config_columns if self.plans else [])
+        out = SweepPoints([], {}, {}, self.plans[0].config_columns if self.plans else [])
         seen: set = set()
         for plan in self.plans:
             for row in plan.rows:
@@ -159,7 +159,7 @@ class Replayer:
             out.provenances += [p for p in plan.provenances if p not in out.provenances]
         return out
 
-    def __call__(self, plan: SweepPlan) -> None:
+    def __call__(self, plan: SweepPoints) -> None:
         """Replay the points of ``plan`` not stored yet; KeyboardInterrupt after storing the finished ones."""
         from rich import progress as rp
 
@@ -229,7 +229,7 @@ class Replayer:
                 self.failed += failed
 
 
-def error_band(plan: SweepPlan) -> str:
+def error_band(plan: SweepPoints) -> str:
     """The published error band of the tables that priced ``plan`` (``cost.coverage``): the measured one
     when any point is measured, else the illustrative model's "no error band"."""
     from ..cost.coverage import ERROR_BAND, ILLUSTRATIVE_BAND
@@ -239,7 +239,7 @@ def error_band(plan: SweepPlan) -> str:
     )
 
 
-def _needed(plan: SweepPlan, todo: list) -> Shipment:
+def _needed(plan: SweepPoints, todo: list) -> Shipment:
     """What every worker receives once: the workloads the tasks to run read and the plan's price tables."""
     return Shipment(
         {d: plan.workloads[d] for d in dict.fromkeys(t.workload for t in todo)}, plan.price_tables
@@ -281,7 +281,7 @@ def _record(task, result: dict, row: dict) -> dict:
     }
 
 
-def _fill(plan: SweepPlan, records: dict, lost: dict) -> list[dict]:
+def _fill(plan: SweepPoints, records: dict, lost: dict) -> list[dict]:
     """The rows with each point's status, error and metrics (timing left out)."""
     rows = []
     for row in plan.rows:
@@ -296,9 +296,9 @@ def _fill(plan: SweepPlan, records: dict, lost: dict) -> list[dict]:
     return rows
 
 
-def _title(grid: Grid, plan: SweepPlan) -> str:
+def _title(grid: Grid, plan: SweepPoints) -> str:
     """E.g. ``cpkv sweep g.toml: Mooncake trace t.jsonl, 2,000 requests, 48 points | times: measured ...``."""
-    from ..sim.runner import cost_line
+    from ..sim.replay import cost_line
 
     several = len(plan.provenances) > 1  # e.g. one per cp_size: their EP widths differ
     lines = {
@@ -321,7 +321,7 @@ def _title(grid: Grid, plan: SweepPlan) -> str:
 def _write(
     out_dir: Path,
     grid: Grid,
-    plan: SweepPlan,
+    plan: SweepPoints,
     rows: list[dict],
     records: list,
     status: str,

@@ -24,7 +24,7 @@ def search_groups(grid, replay: Any) -> tuple:  # replay: a run.Replayer (run im
     and keeps the records). Returns ``(plan, found)``: the plan of every replayed point (``replay.merged``)
     and one dict per design: ``{"design": {key: value}, "fewest_groups": g or None, "met": bool, "bounds":
     [lo, hi], "tried": [groups replayed, ascending], "monotone": bool}``."""
-    from .plan import plan_sweep
+    from .points import prepare_points
 
     lo, hi = grid.search
     designs = grid.points()  # every combination of the other keys, without groups
@@ -40,7 +40,7 @@ def search_groups(grid, replay: Any) -> tuple:  # replay: a run.Replayer (run im
                     index.append((i, g))
         if not points:
             return
-        plan = plan_sweep(grid, points)
+        plan = prepare_points(grid, points)
         replay(plan)
         for (i, g), row in zip(index, plan.rows, strict=True):
             record = replay.records.get(row["key"]) if row["key"] else None

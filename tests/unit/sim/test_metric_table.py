@@ -11,8 +11,8 @@ from cpkv.sim.config import SimConfig
 from cpkv.sim.engine import PolicyRun
 from cpkv.sim.metrics import CORE, METRICS, RUN, SPEC, STORAGE, Metric, metric_names
 from cpkv.sim.rejection import Rejection, budget_reason, lane_reason, pool_reason
+from cpkv.sim.replay import replay
 from cpkv.sim.report import REPORT_FIELDS, SPEC_DECODE_FIELDS, STORAGE_FIELDS
-from cpkv.sim.runner import simulate
 from cpkv.sim.storage import KV_STORAGE_DESIGNS
 from cpkv.sim.trace import Request
 from cpkv.sim.workload import WorkloadSpec, build_workload
@@ -132,7 +132,7 @@ def test_each_dict_fills_exactly_its_groups_names(design):
     spec = build_workload("synthetic", num_requests=6, seed=1)
     run = PolicyRun(SimConfig(**SMALL, spec_draft_tokens=2), "balanced", spec.requests, kv_storage=design)
     metrics = run.run().metrics
-    assert set(run.spec.metrics()) == set(metric_names(group=SPEC))
+    assert set(run.drafts.metrics()) == set(metric_names(group=SPEC))
     assert set(run.storage.metrics(run.counters)) == set(metric_names(group=STORAGE))
     assert set(metrics) == {
         *metric_names(group=CORE),
@@ -148,7 +148,7 @@ def test_without_drafts_policy_metrics_fills_core_and_storage_and_the_runner_add
     metrics = PolicyRun(cfg, "rotation", reqs).run().metrics
     assert set(metrics) == {*metric_names(group=CORE), *metric_names(group=STORAGE)}
     workload = WorkloadSpec(name="trace", requests=reqs, chunk_pages=None, description="test")
-    result = simulate(cfg, workload, ["rotation"], progress=False, table=False)
+    result = replay(cfg, workload, ["rotation"], progress=False, table=False)
     assert set(result.results[0].metrics) == set(metric_names()) - set(metric_names(group=SPEC))
     assert metrics["rejection_reasons"] == {"pool": 1}
     assert metrics["rejections"] == {"1": "pool: needs 313 pages but the pool has 127 usable pages"}

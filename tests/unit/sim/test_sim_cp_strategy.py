@@ -13,7 +13,7 @@ from cpkv.config import CP_STRATEGIES
 from cpkv.errors import ConfigError
 from cpkv.sim.config import KV_STORAGE_DESIGNS, SimConfig
 from cpkv.sim.engine import PolicyRun
-from cpkv.sim.runner import replays, simulate
+from cpkv.sim.replay import replay, replays
 from cpkv.sim.storage import build_storage
 from cpkv.sim.storage.compute import CPCompute
 from cpkv.sim.workload import build_workload
@@ -142,13 +142,13 @@ def test_both_strategies_replay_every_design_and_are_keyed_in_the_report(tmp_pat
 def test_one_strategy_keeps_the_labels_and_names_itself_in_the_config():
     spec = build_workload("synthetic", num_requests=6, seed=0, page_size=64)
     cfg = SimConfig(cp_size=2, pages_per_lane=4000)
-    result = simulate(cfg, spec, ["rotation"], cp_strategies=["interleave"], progress=False, table=False)
+    result = replay(cfg, spec, ["rotation"], cp_strategies=["interleave"], progress=False, table=False)
     assert [r.policy for r in result.results] == ["rotation"] and "runs" not in result.config
     assert (
         result.config["cp_strategies"] == ["interleave"]
         and result.results[0].metrics["cp_strategy"] == "interleave"
     )
-    alone = simulate(
+    alone = replay(
         SimConfig(cp_size=2, pages_per_lane=4000, cp_strategy="interleave"),
         spec,
         ["rotation"],
@@ -163,7 +163,7 @@ def test_one_strategy_keeps_the_labels_and_names_itself_in_the_config():
 
 def test_sweep_point_key_and_rows_hold_the_strategy(tmp_path):
     from cpkv.sweep.grid import read_grid
-    from cpkv.sweep.plan import plan_sweep
+    from cpkv.sweep.points import prepare_points
 
     grid = tmp_path / "grid.toml"
     grid.write_text(
@@ -172,7 +172,7 @@ def test_sweep_point_key_and_rows_hold_the_strategy(tmp_path):
     )
     parsed = read_grid(grid)
     assert parsed.axes["cp_strategy"] == ("zigzag", "interleave")
-    plan = plan_sweep(parsed)
+    plan = prepare_points(parsed)
     assert [r["cp_strategy"] for r in plan.rows] == ["zigzag", "interleave"]
     keys = [r["key"] for r in plan.rows]
     assert len(set(keys)) == 2

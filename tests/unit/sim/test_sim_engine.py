@@ -11,8 +11,8 @@ from cpkv.sim.config import SimConfig
 from cpkv.sim.engine import PolicyRun
 from cpkv.sim.lanes_plot import imbalance_curve
 from cpkv.sim.metrics import compute_imbalance, compute_imbalance_mean, lane_metrics
+from cpkv.sim.replay import replay
 from cpkv.sim.report import REPORT_FIELDS
-from cpkv.sim.runner import simulate
 from cpkv.sim.trace import Request
 from cpkv.sim.workload import WorkloadSpec, build_workload
 
@@ -140,7 +140,7 @@ def test_fault5_compute_imbalance_weighs_steps_by_work():
 @pytest.mark.slow
 def test_outputs_written(tmp_path):
     spec = build_workload("synthetic", num_requests=20, seed=1)
-    res = simulate(SMALL, spec, ["rotation", "legacy"], out_dir=tmp_path, progress=False, table=False)
+    res = replay(SMALL, spec, ["rotation", "legacy"], out_dir=tmp_path, progress=False, table=False)
     report = json.loads((tmp_path / "report.json").read_text())
     assert set(report["policies"]) == {"rotation", "legacy"}
     assert report["config"]["cp_size"] == 4 and report["config"]["workload"] == "synthetic"

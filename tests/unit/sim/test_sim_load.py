@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cpkv.sim.config import CostModel, SimConfig
 from cpkv.sim.cost import IllustrativeCost
 from cpkv.sim.load import Load, ideal_hits, load_lines, offered_load, prefill_ms
-from cpkv.sim.runner import simulate
+from cpkv.sim.replay import replay
 from cpkv.sim.trace import Request
 from cpkv.sim.workload import build_workload
 
@@ -171,7 +171,7 @@ def test_a_burst_prediction_matches_its_replay():
     cost = IllustrativeCost(config.cost, config.cp_size)
     load = offered_load(config, spec.requests, cost)
     assert (load.burst, load.sample_requests, load.new_tokens) == (True, 64, load.prompt_tokens)
-    result = simulate(config, spec, ["rotation"], progress=False, table=False).results[0]
+    result = replay(config, spec, ["rotation"], progress=False, table=False).results[0]
     assert load.sample_p50_ms == pytest.approx(result.metrics["ttft_ms_p50"], rel=0.02)
     assert load.sample_ms == pytest.approx(float(result.ttft_ms.max()), rel=0.02)
 

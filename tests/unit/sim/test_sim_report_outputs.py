@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import cpkv.sim.replay as replay_mod
 import cpkv.sim.report as report_mod
-import cpkv.sim.runner as runner_mod
 from cpkv.cli import main
 from cpkv.sim.engine import PolicyRun
 from cpkv.sim.report import ReportWriteError, prepare_out_dir, write_atomic
@@ -56,7 +56,7 @@ def _hooked(before=None, after=None):
 @pytest.fixture
 def hook_runs(monkeypatch):
     return lambda before=None, after=None: monkeypatch.setattr(
-        runner_mod, "PolicyRun", _hooked(before, after)
+        replay_mod, "PolicyRun", _hooked(before, after)
     )
 
 

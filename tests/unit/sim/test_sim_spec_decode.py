@@ -33,8 +33,8 @@ def test_every_request_finishes_and_no_page_leaks(policy):
     assert m["leaked_pages"] == 0
     assert run.alloc.used_pages_per_lane().tolist() == run.cache.cached_pages_per_lane().tolist()
     # Every output token was emitted once: accepted drafts + bonus tokens, capped at output_length.
-    assert run.spec.kept_tokens == sum(r.output_length for r in requests)
-    assert m["spec_accept_length"] == pytest.approx(run.spec.kept_tokens / m["spec_verify_steps"])
+    assert run.drafts.kept_tokens == sum(r.output_length for r in requests)
+    assert m["spec_accept_length"] == pytest.approx(run.drafts.kept_tokens / m["spec_verify_steps"])
     assert 0 < m["draft_pages_released"] < m["draft_pages_allocated"] == sum(m["draft_pages_per_lane"])
     lanes = np.asarray(m["draft_pages_per_lane"], dtype=float)
     assert m["draft_lane_imbalance"] == pytest.approx(lanes.max() / lanes.mean())

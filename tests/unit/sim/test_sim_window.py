@@ -95,14 +95,14 @@ def test_cli_records_the_window_and_caps_after_it(tmp_path):
 
 def test_the_sweep_workload_takes_the_window(tmp_path):
     from cpkv.sweep.grid import read_grid
-    from cpkv.sweep.plan import plan_sweep
+    from cpkv.sweep.points import prepare_points
 
     grid = tmp_path / "g.toml"
     grid.write_text(
         f'[workload]\ntrace = "{TRACE}"\nstart = 600\nduration = 60\nrate_scale = 2.0\n\n'
         '[grid]\ncp_size = [4, 8]\ncost_model = "illustrative"\npolicy = "rotation"\n'
     )
-    plan = plan_sweep(read_grid(grid))
+    plan = prepare_points(read_grid(grid))
     (spec,) = plan.workloads.values()
     assert spec.window == {
         "start_s": 600.0,

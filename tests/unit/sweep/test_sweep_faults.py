@@ -17,7 +17,7 @@ import pytest
 
 from cpkv.cli import main
 from cpkv.sweep.grid import read_grid
-from cpkv.sweep.plan import plan_sweep
+from cpkv.sweep.points import prepare_points
 from extras import COST, RAY
 
 pytestmark = pytest.mark.unit
@@ -88,10 +88,12 @@ policy = "rotation"
 cp_size = 2
 {key} = {used}
 """
-    rows = plan_sweep(read_grid(_grid(tmp_path, text))).rows
+    rows = prepare_points(read_grid(_grid(tmp_path, text))).rows
     assert [(r["point"], r["cp_size"]) for r in rows] == [(1, 4)]
     assert str(rows[0][key]) == used.strip('"')  # the value results.csv shows for the point kept
-    kept = plan_sweep(read_grid(_grid(tmp_path, text.replace(f"{key} = {used}", f"{key} = {other}")))).rows
+    kept = prepare_points(
+        read_grid(_grid(tmp_path, text.replace(f"{key} = {used}", f"{key} = {other}")))
+    ).rows
     assert [r["cp_size"] for r in kept] == [2, 4]  # another value excludes nothing
 
 
@@ -115,9 +117,9 @@ pages_per_lane = PAGES
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [0]}\n')
     text = text.replace("TRACE", str(trace))
-    kept = plan_sweep(read_grid(_grid(tmp_path, text.replace("PAGES", "16384")))).rows
+    kept = prepare_points(read_grid(_grid(tmp_path, text.replace("PAGES", "16384")))).rows
     assert [(r["cp_size"], r["pages_per_lane"]) for r in kept] == [(4, 16384), (8, 3767)]  # excludes nothing
-    kept = plan_sweep(read_grid(_grid(tmp_path, text.replace("PAGES", "3767")))).rows
+    kept = prepare_points(read_grid(_grid(tmp_path, text.replace("PAGES", "3767")))).rows
     assert [(r["cp_size"], r["pages_per_lane"]) for r in kept] == [(4, 16384)]
 
 

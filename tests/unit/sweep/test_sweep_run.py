@@ -17,8 +17,8 @@ from cpkv.cli import main
 from cpkv.sim.config import SimConfig
 from cpkv.sweep import run as sweep_run
 from cpkv.sweep.grid import read_grid
-from cpkv.sweep.plan import plan_sweep
 from cpkv.sweep.point import point_key
+from cpkv.sweep.points import prepare_points
 from extras import COST, RAY
 
 pytestmark = pytest.mark.unit
@@ -220,7 +220,7 @@ def test_points_with_one_config_replay_once(tmp_path):
             tmp_path, GRID.replace("groups = [1, 2]", 'groups = [1, 2]\nrouting = ["round-robin", "prefix"]')
         )
     )
-    plan = plan_sweep(grid)
+    plan = prepare_points(grid)
     assert len(plan.rows) == 32 and len(plan.tasks) == 8 * 3
     one = [r for r in plan.rows if r["groups"] == 1]
     assert len({r["key"] for r in one}) == len(one) // 2
@@ -313,7 +313,7 @@ def test_workers_price_with_the_drivers_tables(tmp_path):
     from cpkv.sweep.point import Shipment, run_task
 
     text = GRID.replace('cost_model = "illustrative"', "").replace("groups = [1, 2]", "groups = 1")
-    plan = plan_sweep(read_grid(_grid(tmp_path, text.replace("max_requests = 16", "max_requests = 6"))))
+    plan = prepare_points(read_grid(_grid(tmp_path, text.replace("max_requests = 16", "max_requests = 6"))))
     assert set(plan.price_tables) == {(MeasuredSpec(), 2), (MeasuredSpec(), 4)}
     tasks = [t for t in plan.tasks.values() if t.config.pages_per_lane == 300 and t.policy == "balanced"]
     (tmp_path / "shipment.pkl").write_bytes(

@@ -92,11 +92,11 @@ def test_search_grid_errors(tmp_path):
 
 
 def test_pages_per_lane_auto_is_the_default(tmp_path):
-    from cpkv.sweep.plan import plan_sweep
+    from cpkv.sweep.points import prepare_points
 
     path = tmp_path / "auto.toml"
     path.write_text(
         GRID.replace("GROUPS", "").replace("pages_per_lane = 6000", 'pages_per_lane = ["auto", 500]')
     )
-    plan = plan_sweep(read_grid(path))
+    plan = prepare_points(read_grid(path))
     assert sorted({r["pages_per_lane"] for r in plan.rows}) == [500, 16384]  # illustrative: the default pool

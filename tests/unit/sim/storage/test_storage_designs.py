@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from cpkv.cli import main
 from cpkv.sim.config import KV_STORAGE_DESIGNS, SimConfig
 from cpkv.sim.engine import PolicyRun
+from cpkv.sim.replay import runs
 from cpkv.sim.report import REPORT_FIELDS, STORAGE_FIELDS, format_value
-from cpkv.sim.runner import runs
 from sim_workloads import workloads
 
 pytestmark = [pytest.mark.unit, pytest.mark.clause("C-STORAGE")]

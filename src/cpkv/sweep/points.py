@@ -35,7 +35,7 @@ from .point import PointTask, one_line, point_key, simulate_options, workload_di
 
 
 @dataclass
-class SweepPlan:
+class SweepPoints:
     """``rows``: one per point, in grid order (``point``, ``status`` None until known, ``error``, the config
     columns, ``gpus``; private ``_settings`` as written, ``_config``, ``_sim_config``, ``_provenance``,
     ``key``); ``tasks``: key -> ``PointTask`` (one per distinct key); ``workloads``: digest -> spec;
@@ -94,7 +94,7 @@ def resolved(options: dict, config: SimConfig | None) -> dict:
     return out
 
 
-def plan_sweep(grid: Grid, points: list[dict] | None = None) -> SweepPlan:
+def prepare_points(grid: Grid, points: list[dict] | None = None) -> SweepPoints:
     """Every point of ``grid`` (or the given ``points``, as ``Grid.points`` makes them: a search's chosen
     group counts) made ready to replay (see the module docstring).
 
@@ -107,7 +107,7 @@ def plan_sweep(grid: Grid, points: list[dict] | None = None) -> SweepPlan:
     from ..cost.coverage import check_covered
     from ..sim.cost import coverage, step_cost
 
-    plan = SweepPlan([], {}, {}, config_columns())
+    plan = SweepPoints([], {}, {}, config_columns())
     specs: dict[tuple, tuple] = {}  # workload identity -> (spec, digest)
     provenance_of: dict[tuple, dict] = {}
     index, kept = 0, set()  # points kept, the workloads they read

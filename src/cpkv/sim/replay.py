@@ -36,7 +36,7 @@ class SimulationResult:
 
 
 class SimulationInterrupted(KeyboardInterrupt):
-    """Ctrl-C during ``simulate``: a ``KeyboardInterrupt`` that carries what was saved.
+    """Ctrl-C during ``replay``: a ``KeyboardInterrupt`` that carries what was saved.
 
     Attributes: ``result`` (``SimulationResult`` of the finished policies; ``paths`` empty when none
     finished or the write failed), ``pending`` (policies not run), ``write_error`` (``ReportWriteError``
@@ -48,7 +48,7 @@ class SimulationInterrupted(KeyboardInterrupt):
         self.result, self.pending, self.write_error = result, pending, write_error
 
 
-def simulate(
+def replay(
     config: SimConfig,
     workload: WorkloadSpec,
     policies: Sequence[str],
@@ -95,8 +95,8 @@ def simulate(
         if cp_strategies is not None
         else [config.cp_strategy]
     )
-    plan = replays(policies, kv_storage, strategies)
-    labels = [label for label, _, _, _ in plan]
+    order = replays(policies, kv_storage, strategies)
+    labels = [label for label, _, _, _ in order]
     shown = table or out_dir is not None  # a run for a reader (a sweep's point replays without either)
     if shown and config.measured is not None:
         from ..cost.coverage import check_covered
@@ -138,7 +138,7 @@ def simulate(
             disable=not progress,
             transient=False,
         ) as bar:
-            for label, strategy, design, policy in plan:
+            for label, strategy, design, policy in order:
                 task = bar.add_task(label, total=total)
                 run = PolicyRun(
                     replace(config, cp_strategy=strategy), policy, workload.requests, cost, kv_storage=design
