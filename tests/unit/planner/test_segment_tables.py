@@ -53,3 +53,22 @@ def test_computed_rows_equal_the_cached_tables_and_the_oracle(C, P, data):
     want = oracle.plan_batch(L0, E, C, P, heads)
     assert got.token_owner.tolist() == want["token_owner"]
     assert got.page_owners.tolist() == want["page_owners"]
+
+
+def test_no_cache_holds_more_than_o_c_per_cp_size_after_many_cp_sizes(monkeypatch):
+    # a sweep-like process: plans under many cp_sizes and both strategies, then reads what stayed cached
+    # (fresh caches: a test above builds tables directly to compare them)
+    from cpkv import interleave as interleave_mod
+
+    monkeypatch.setattr(planner_mod, "_SEGMENT_TABLES", {})
+    monkeypatch.setattr(interleave_mod, "_CYCLIC", {})
+    for C in (8, 63, 64, 65, 100, 1000, 4096):
+        for strategy in ("zigzag", "interleave"):
+            plan_request(0, 64 * 3 * C + 7, CPConfig(C, 64, "rotation", strategy), req_index=1)
+    # zigzag: O(C**2) tables only up to _TABLE_MAX_CP lanes (a constant 195 KiB at most), nothing above
+    assert planner_mod._SEGMENT_TABLES and max(planner_mod._SEGMENT_TABLES) <= planner_mod._TABLE_MAX_CP
+    assert 65 not in planner_mod._SEGMENT_TABLES and 4096 not in planner_mod._SEGMENT_TABLES
+    # interleave: the cyclic owner tables of the 4 most recent cp_sizes, each O(pages + C), none O(C**2)
+    assert len(interleave_mod._CYCLIC) <= interleave_mod._CYCLIC_TABLES
+    for C, table in interleave_mod._CYCLIC.items():
+        assert table.ndim == 1 and table.shape[0] <= interleave_mod._CYCLIC_MAX + C
