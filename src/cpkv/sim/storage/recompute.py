@@ -57,19 +57,24 @@ class RecomputeCounter:
         key = 0
         return [key := hash((key, block_id)) for block_id in hash_ids[:blocks]]
 
+    def _recorded(self, key: int) -> int:
+        """Most tokens recorded for block prefix ``key``: the newer generation's entry, else the older's, else 0."""
+        got = self._computed.get(key)
+        return self._older.get(key, 0) if got is None else got
+
     def admitted(self, req: Request, matched: int) -> int:
         """Count request ``req`` admitted with ``matched`` prompt tokens from the cache; returns the tokens it
         recomputes: ``P * (leading pages of its prompt less its last token the group had computed) -
         matched``, at least 0."""
-        P, S, computed, older = self.page_size, self.block_size, self._computed, self._older
+        P, S = self.page_size, self.block_size
         keys = self._keys[req.req_id] = self.block_keys(req.hash_ids, len(req.hash_ids))
         pages = (req.input_length - 1) // P
-        if not pages or not (computed or older):
+        if not pages or not (self._computed or self._older):
             return 0
         lo = 0  # leading pages known computed
         while lo < pages:
             block = ((lo + 1) * P - 1) // S  # the block page lo ends in
-            done = computed.get(keys[block], older.get(keys[block], 0)) // P  # pages ending in this block
+            done = self._recorded(keys[block]) // P  # pages ending in this block are computed below it
             if done <= lo:
                 break
             lo = min(done, (block + 1) * S // P, pages)  # the last page ending in this block, at most
@@ -79,7 +84,7 @@ class RecomputeCounter:
 
     def retired(self, req: Request, n: int) -> None:
         """Request ``req`` handed its first ``n`` prompt tokens to the cache: their whole pages are computed."""
-        P, S, computed, older = self.page_size, self.block_size, self._computed, self._older
+        P, S, computed = self.page_size, self.block_size, self._computed
         keys = self._keys.pop(req.req_id, None)
         tokens = n // P * P
         if not tokens:
@@ -87,10 +92,9 @@ class RecomputeCounter:
         blocks = (tokens - 1) // S + 1
         if keys is None:  # not admitted (a rejected request hands over what it computed)
             keys = self.block_keys(req.hash_ids, blocks)
-        for key in reversed(
-            keys[:blocks]
-        ):  # a prefix's record is at least any longer prefix's: stop at one as long
-            if computed.get(key, older.get(key, 0)) >= tokens:
+        # a prefix's record is at least any longer prefix's: stop at one as long
+        for key in reversed(keys[:blocks]):
+            if self._recorded(key) >= tokens:
                 break
             computed[key] = tokens
         if len(computed) >= MAX_COMPUTED_KEYS:  # a new generation: the oldest block prefixes are forgotten
