@@ -144,6 +144,10 @@ def check_len(name: str, value: object) -> int:
     return n
 
 
+EMPTY_PATH = "the path is empty; give a file or directory name"
+"""Why an empty path text is refused (``Path("")`` is ``.``, the current directory): ``--out ""``, a grid's ``trace = ""``."""
+
+
 def parse_pages_per_lane(text: str | None) -> int | tuple[int, ...] | None:
     """``--pages-per-lane`` as written (``simulate``, ``run-dist``, a sweep's grid): ``"16384"`` -> 16384 (every
     lane), ``"9,10,10,10"`` -> (9, 10, 10, 10) (one per lane), None and ``"auto"`` give None (the default:

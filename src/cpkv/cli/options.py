@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ..errors import InputError
+from ..validate import EMPTY_PATH
 
 __all__ = ["FilePath", "InputError", "parse_callback"]
 
@@ -24,7 +25,7 @@ class FilePath(click.Path):
     def convert(self, value, param, ctx):
         """The path as a ``Path``; ``""`` fails (exit 2, "Invalid value for '--out': the path is empty")."""
         if value == "":
-            self.fail("the path is empty; give a file or directory name", param, ctx)
+            self.fail(EMPTY_PATH, param, ctx)
         return super().convert(value, param, ctx)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..config import CP_STRATEGIES, OWNER_POLICIES, ZIGZAG
 from ..cost.spec import DEFAULT_BACKEND, DEFAULT_GPU, DEFAULT_MODEL, MeasuredSpec
 from ..errors import InputError
-from ..validate import check_int, parse_pages_per_lane
+from ..validate import EMPTY_PATH, check_int, parse_pages_per_lane
 from .config import KV_STORAGE_DESIGNS, OWNER_LANE, SimConfig
 
 WORKLOAD, CONFIG, COST, SELECTOR = "workload", "config", "cost", "selector"
@@ -90,7 +90,7 @@ class Setting:
             value = str(value)
         elif self.kind is Path:
             if value == "":  # Path("") is ".", the current directory
-                raise InputError("the path is empty; give a file or directory name")
+                raise InputError(EMPTY_PATH)
             value = Path(value)  # type: ignore[arg-type]
         return self.parse(value) if self.parse is not None else value  # type: ignore[arg-type]
 
