@@ -252,8 +252,7 @@ class StepBuilder:
                 continue
             short = need - free
             if (short > 0).any():
-                for lane in np.flatnonzero(short > 0).tolist():
-                    self.cache.evict(lane, int(short[lane]))
+                self.cache.evict_lanes(np.maximum(short, 0))
                 self._keep_current_plans()  # made under other free pages: kept only while still current
                 # Eviction moves pages from evictable to free, so the room stays; a plan that follows positions
                 # only (rotation, legacy) stays too: the next round would allocate at once if no lane is short.
