@@ -17,6 +17,8 @@ from ..validate import MAX_POSITION, as_int_array, check_int
 from .pool import LanePool
 
 _U64 = np.uint64
+_I64 = np.int64
+_FEW = 8  # batches of at most this many requests have their last_locs checked with Python ints
 
 
 def check_pool_size(cp_size: int, pages_per_lane: int, page_size: int) -> None:
@@ -72,6 +74,17 @@ def head_owners(pool: LanePool, config: CPConfig, L0: np.ndarray, last: np.ndarr
     ``[P, num_pages * P)``, with ``(last_loc + 1) % P == prefix_len % P``.
     """
     P, C, num_pages = config.page_size, config.cp_size, pool.num_pages
+    if L0.shape[0] <= _FEW:  # a few requests: Python ints cost less than the vectorised test's numpy calls
+        heads = []
+        for l0, x in zip(L0.tolist(), last.tolist(), strict=True):
+            if x == -1 and l0 == 0:
+                heads.append(-1)
+            elif l0 > 0 and (x + 1) % P == l0 % P and pool.holds(x // P):
+                heads.append(x // P % C)
+            else:
+                break  # invalid: the checks below name it
+        else:
+            return np.array(heads, dtype=_I64)
     valid = pool.valid_last_locs(L0, last, P)
     if valid is not None:
         nxt, page = valid

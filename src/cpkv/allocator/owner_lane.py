@@ -264,6 +264,14 @@ class OwnerLaneAllocator:
         """
         return self._plan_extend(prefix_lens, extend_lens, last_locs)[0]
 
+    def plan_current(self, plan: BatchPlan, last_locs: np.ndarray) -> bool:
+        """Whether ``allocate(plan, last_locs)`` would commit ``plan`` now (``last_locs``: int64 ``[B]``, the
+        ones it was planned with): this allocator's open plan, no ``last_loc`` on a page freed since, and
+        (``balanced``) the phases the current free pages choose are the plan's. A scheduler that freed
+        pages keeps such a plan instead of planning again (the plan ``plan_extend`` would make now is the
+        same). Raises nothing; changes nothing."""
+        return self._commits.current(plan, last_locs)
+
     def allocate(self, plan: BatchPlan, last_locs: object) -> ExtendAllocation:
         """Commit a plan of ``plan_extend``: take its new pages on their lanes, atomically (C-ATOMIC).
 

@@ -59,6 +59,11 @@ class PageAllocator(Protocol):
         """The plan ``alloc_extend`` would allocate now (``[B]`` ints each), taking no page."""
         ...
 
+    def plan_current(self, plan: BatchPlan, last_locs: np.ndarray) -> bool:
+        """Whether ``allocate(plan, last_locs)`` would commit ``plan`` now (the plan ``plan_extend`` would
+        make now is that plan); ``last_locs`` int64 ``[B]``. False is always safe (plan again)."""
+        ...
+
     def allocate(self, plan: BatchPlan, last_locs: object) -> ExtendAllocation:
         """Take the new pages of ``plan`` (this allocator's ``plan_extend`` result), atomically."""
         ...

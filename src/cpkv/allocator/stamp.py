@@ -67,6 +67,24 @@ class Commits:
         self._stamps[plan] = PlanStamp(last.tobytes(), self.pool.changes, free)
         self._open.add(plan)
 
+    def current(self, plan: BatchPlan, last: np.ndarray) -> bool:
+        """Whether ``check(plan, last)`` would admit ``plan`` now (``last``: int64 ``[B]`` as planned); raises
+        nothing, changes nothing."""
+        stamp = self._stamps.get(plan)
+        if stamp is None or plan not in self._open or last.tobytes() != stamp.last_locs:
+            return False
+        if stamp.changes == self.pool.changes:
+            return True
+        C, P = self.config.cp_size, self.config.page_size
+        if self.pool.valid_last_locs(plan.prefix_lens, last, P) is None:  # a last_loc on a page freed since
+            return False
+        if stamp.free is None or stamp.free == self.pool.free.tobytes():
+            return True
+        phases = balanced_phases(
+            plan.prefix_lens, plan.extend_lens, self.pool.free, P, C, self.config.cp_strategy
+        )
+        return phases.tobytes() == plan.request_phases.tobytes()
+
     def check(self, plan: BatchPlan, last_locs: object) -> np.ndarray:
         """``last_locs`` as int64 ``[B]`` when ``plan`` may be committed now, else StalePlanError (or the
         AllocatorError of a ``last_loc`` on a page freed since); changes nothing."""

@@ -11,6 +11,7 @@ from ..validate import as_int_array
 from ..validate import check_lane as validate_check_lane
 
 _I64 = np.int64
+_MAX, _MIN = np.maximum.reduce, np.minimum.reduce  # the reductions without ndarray.max's Python wrapper
 
 
 def int_array(name: str, values) -> np.ndarray:
@@ -68,7 +69,7 @@ class PageChecker:
             )
         if not k:
             return pages
-        if pages.min() <= 0 or pages.max() >= self.num_pages:
+        if _MAX(pages) >= self.num_pages or _MIN(pages) <= 0:
             bad = pages[(pages <= 0) | (pages >= self.num_pages)]
             raise PrefixCacheError(f"page {int(bad[0])} cannot be cached (page 0 or out of range)")
         C, lane_pages = self.cp_size, self._lane_pages
@@ -79,13 +80,12 @@ class PageChecker:
                 raise PrefixCacheError(
                     f"page {p} does not exist: lane {p % C} holds {int(lane_pages[p % C])} pages"
                 )
-        free = self.allocator.is_free(pages)
+        free = self.allocator.pool.is_free(pages)  # ids checked in range above
         if np.count_nonzero(free):
             raise PrefixCacheError(
                 f"page {int(pages[free][0])} is free in the allocator: insert only pages you hold"
             )
-        ordered = pages.copy()
-        ordered.sort()
+        ordered = np.sort(pages)
         twice = ordered[1:] == ordered[:-1]
         if np.count_nonzero(twice):
             raise PrefixCacheError(f"page {int(ordered[1:][twice][0])} is listed more than once")

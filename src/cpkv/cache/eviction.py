@@ -17,9 +17,39 @@ from .book import concat
 from .results import LANE, PAGE
 from .writeback import write_back
 
+_NO_PAGES = np.zeros(0, dtype=np.int64)
+_NO_PAGES.setflags(write=False)
+
 
 def evict(cache, lane: int, num_pages: int) -> int:
     """``PrefixCache.evict`` for a checked ``lane`` and ``num_pages`` (see there): pages of ``lane`` freed."""
+    freed, pages = take(cache, lane, num_pages)
+    if pages.shape[0]:
+        cache.allocator.free(pages)
+    return freed
+
+
+def evict_lanes(cache, short: list[int]) -> list[int]:
+    """``PrefixCache.evict_lanes`` for checked ``short`` (pages wanted per lane, ints >= 0): ``evict(lane,
+    short[lane])`` for each lane with a need, in lane order, with one ``free`` for all of them (each call's
+    pages in front of the earlier calls', so every lane's free stack ends as after one ``free`` per call).
+    With a host tier (write-back can fail and undo one lane's call) each lane frees at once."""
+    if cache.book.write_back:
+        return [evict(cache, lane, n) if n else 0 for lane, n in enumerate(short)]
+    freed, parts = [0] * len(short), []
+    for lane, n in enumerate(short):
+        if n:
+            freed[lane], pages = take(cache, lane, n)
+            parts.append(pages)
+    pages = concat(parts[::-1])
+    if pages.shape[0]:
+        cache.allocator.free(pages)
+    return freed
+
+
+def take(cache, lane: int, num_pages: int) -> tuple[int, np.ndarray]:
+    """``evict`` but the allocator's ``free``: ``(pages of lane freed, every page that left the device, int64
+    [n], ancestors first)``; the caller frees them."""
     book, lru, tree = cache.book, cache.lru, cache.tree
     steps: list[list] = []
     freed = 0
@@ -67,9 +97,9 @@ def evict(cache, lane: int, num_pages: int) -> int:
             for n in order:
                 if n.attached:
                     tree.detach(n)
-        cache.allocator.free(pages)
         book.changed()
-    return freed
+        return freed, pages
+    return freed, _NO_PAGES
 
 
 def _on_device(n) -> bool:

@@ -52,7 +52,7 @@ class RequestFlow:
             self.cache.lock(match.handle)
             kv.handle = match.handle
             n = match.device_len
-            kv.slots[:n] = match.device_slots
+            match.write_device_slots(kv.slots)
             kv.length = kv.cached = n
         return kv
 

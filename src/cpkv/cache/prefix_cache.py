@@ -28,7 +28,7 @@ from ..allocator import OwnerLaneAllocator
 from ..errors import PrefixCacheError
 from .book import CacheBook, concat
 from .checks import PageChecker, check_lane, int_array
-from .eviction import evict
+from .eviction import evict, evict_lanes
 from .host_tier import HostTier
 from .loadback import load_back
 from .lru import LaneLRU
@@ -307,6 +307,29 @@ class PrefixCache:
                 raise PrefixCacheError(f"num_pages={num_pages!r} must be an integer >= 0")
             num_pages = int(num_pages)
         return evict(self, lane, num_pages)
+
+    def evict_lanes(self, short) -> list[int]:
+        """``evict(lane, short[lane])`` for every lane with ``short[lane] > 0``, in lane order, the freed pages
+        going to the allocator in one ``free`` call (C-RELOAD): what a scheduler short on several lanes at
+        once calls. Each lane evicts exactly as its own ``evict`` call would, and every lane's free pages
+        end in the order those calls would leave.
+
+        Args:
+            short: ``[C]`` pages wanted per lane (ints >= 0: list, tuple or int64 array).
+
+        Returns:
+            pages freed per lane, ``C`` ints (a lane's figure is what its ``evict`` call returns).
+
+        Raises:
+            PrefixCacheError: ``short`` not ``C`` integers >= 0 (nothing is evicted). An exception of
+                ``backup_fn`` propagates after its lane's call is undone (the lanes before it stay evicted).
+        """
+        wanted = int_array("short", short)
+        if wanted.shape[0] != self.cp_size or (wanted.shape[0] and int(wanted.min()) < 0):
+            raise PrefixCacheError(
+                f"short must be {self.cp_size} integers >= 0 (one per lane), got {short!r}"
+            )
+        return evict_lanes(self, wanted.tolist())
 
     def load_back(self, match: PrefixMatch) -> PrefixMatch:
         """Bring the host-only part of ``match`` back to device on its recorded owner lanes (C-RELOAD).

@@ -58,6 +58,11 @@ class PrefixMatch:
         """``[device_len]`` int64 slots ``p*P + 0 .. P-1`` of every device page (``req_to_token`` row)."""
         return page_slots(self.device_pages, self.page_size)
 
+    def write_device_slots(self, row: np.ndarray) -> None:
+        """Write ``device_slots`` into ``row[:device_len]`` (``row``: an int64 ``req_to_token`` row, at least
+        ``device_len`` long), without a temporary."""
+        page_slots(self.device_pages, self.page_size, out=row[: self.device_len])
+
     @property
     def last_loc(self) -> int:
         """Slot of position ``device_len - 1`` (``last_loc`` for ``alloc_extend``), -1 when nothing matched."""
@@ -100,6 +105,17 @@ class CacheEntry(NamedTuple):
     host_key: int | None  # id of the host copy (``HostTier`` key), None when not on host
 
 
-def page_slots(pages: np.ndarray, page_size: int) -> np.ndarray:
-    """``[len(pages) * P]`` slots: e.g. pages ``[3, 5]``, P=4 -> ``[12,13,14,15, 20,21,22,23]``."""
-    return ((pages * page_size)[:, None] + np.arange(page_size, dtype=_I64)).reshape(-1)
+_RAMPS: dict[int, np.ndarray] = {}  # page_size -> int64 [P] 0 .. P-1, read-only
+
+
+def page_slots(pages: np.ndarray, page_size: int, out: np.ndarray | None = None) -> np.ndarray:
+    """``[len(pages) * P]`` slots: e.g. pages ``[3, 5]``, P=4 -> ``[12,13,14,15, 20,21,22,23]``; written into
+    ``out`` (int64 ``[len(pages) * P]``, contiguous) when given, else a new array."""
+    ramp = _RAMPS.get(page_size)
+    if ramp is None:
+        ramp = _RAMPS[page_size] = np.arange(page_size, dtype=_I64)
+        ramp.setflags(write=False)
+    k = pages.shape[0]
+    rows = np.empty((k, page_size), dtype=_I64) if out is None else out.reshape(k, page_size)
+    np.add((pages * page_size)[:, None], ramp, out=rows)
+    return rows.reshape(-1)

@@ -252,9 +252,8 @@ class StepBuilder:
                 continue
             short = need - free
             if (short > 0).any():
-                for lane in np.flatnonzero(short > 0).tolist():
-                    self.cache.evict(lane, int(short[lane]))
-                self._plans.clear()  # made under other free pages
+                self.cache.evict_lanes(np.maximum(short, 0))
+                self._keep_current_plans()  # made under other free pages: kept only while still current
                 # Eviction moves pages from evictable to free, so the room stays; a plan that follows positions
                 # only (rotation, legacy) stays too: the next round would allocate at once if no lane is short.
                 if self.alloc.replans_after_eviction or (need > self.alloc.free_pages_per_lane()).any():
@@ -264,6 +263,16 @@ class StepBuilder:
             )  # the plan judged (re-made above after a balanced eviction)
             return list(self.keys), a, logits if logits is not None else mqa_logits_elements(plan)
         return None
+
+    def _keep_current_plans(self) -> None:
+        """After an eviction: drop the plans made under other free pages but the batch's own while
+        ``allocate`` would still commit it (``plan_current``: the plan ``plan_extend`` would make now is the
+        same), so an eviction that moves no phase costs no new plan."""
+        key = tuple(zip(self._L0, self._E, self._last, strict=True))
+        plan = self._plans.get(key)
+        self._plans.clear()
+        if plan is not None and self.alloc.plan_current(plan, np.array(self._last, dtype=_I64)):
+            self._plans[key] = plan
 
     def make_free_page(self, *, anywhere: bool = False) -> bool:
         """When no lane has a free page (or, ``anywhere``, whatever the free pages) but some lane has

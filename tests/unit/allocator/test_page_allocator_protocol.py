@@ -63,6 +63,7 @@ def test_the_protocol_lists_exactly_the_calls_the_scheduler_makes():
         "free_pages_per_lane",
         "num_pages",
         "page_size",
+        "plan_current",
         "plan_extend",
         "release_tail",
         "replans_after_eviction",

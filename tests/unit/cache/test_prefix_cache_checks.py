@@ -6,6 +6,8 @@ Both must return the same pages or raise the same ``PrefixCacheError`` message, 
 slots alike, on equal and unequal lanes, and when the buffers are reused across calls of other sizes.
 """
 
+import copy
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -124,3 +126,46 @@ def test_insert_names_the_first_page_cached_elsewhere_after_the_trees_own_pages(
     ):
         cache.insert(np.asarray([1, 2, 9, 9]), np.asarray([a * 2, a * 2 + 1, c * 2, c * 2 + 1]))
     assert list(cache.entries()) == before
+
+
+@pytest.mark.parametrize("short", [[1, 2], [1, 2, 3, 4], [0, -1, 0], "abc"])
+def test_evict_lanes_refuses_a_bad_short_and_evicts_nothing(short):
+    alloc = OwnerLaneAllocator(CPConfig(3, 2, "rotation"), 6)
+    cache = PrefixCache(alloc)
+    a = alloc.alloc_extend([0], [12], [-1])
+    cache.insert(np.arange(1, 13), a.out_cache_loc_cpu)  # 6 unlocked pages, 2 per lane
+    before = (alloc.state_digest(), cache.evictable_pages_per_lane().tolist())
+    with pytest.raises(PrefixCacheError, match="short"):
+        cache.evict_lanes(short)
+    assert (alloc.state_digest(), cache.evictable_pages_per_lane().tolist()) == before
+    assert before[1] == [2, 2, 2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(C=st.integers(2, 4), seed=st.integers(0, 2**31), data=st.data())
+def test_evict_lanes_is_one_evict_per_lane_in_lane_order(C, seed, data):
+    # collateral pages (a run's device subtree on other lanes) make lanes' free stacks depend on the order
+    # of the pages freed: one free of all lanes must leave them as the per-lane calls do
+    rng = np.random.default_rng(seed)
+    alloc = OwnerLaneAllocator(CPConfig(C, 2, "rotation"), 40)
+    cache = PrefixCache(alloc)
+    for _ in range(6):
+        stem = rng.integers(1, 4, size=int(rng.integers(2, 8)) * 2)  # shared stems: subtrees across lanes
+        tokens = np.concatenate([stem, rng.integers(1, 50, size=int(rng.integers(2, 12)))])
+        m = cache.match_prefix(tokens[:-1])
+        n = m.device_len
+        row = np.empty(tokens.shape[0], dtype=np.int64)
+        m.write_device_slots(row)
+        a = alloc.alloc_extend([n], [tokens.shape[0] - n], [m.last_loc])
+        row[n:] = a.out_cache_loc_cpu
+        res = cache.insert(tokens, row)
+        tail = row[res.pages.shape[0] * 2 :] // 2
+        if tail.shape[0]:
+            alloc.free(tail[:1])
+        cache.match_prefix(tokens[: int(rng.integers(1, tokens.shape[0]))])  # touch a prefix: LRU order
+    twin_alloc, twin = copy.deepcopy((alloc, cache))  # one copy: the twin cache frees into the twin pool
+    assert twin.allocator is twin_alloc
+    short = data.draw(st.lists(st.integers(0, 5), min_size=C, max_size=C))
+    got = cache.evict_lanes(short)
+    assert got == [twin.evict(r, n) if n else 0 for r, n in enumerate(short)]
+    assert alloc.state_digest() == twin_alloc.state_digest()

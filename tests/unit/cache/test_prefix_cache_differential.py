@@ -155,6 +155,15 @@ class Differential(RuleBasedStateMachine):
         lane %= self.C
         assert self.cache.evict(lane, n) == self.ref.evict(lane, n)
 
+    @rule(short=st.lists(st.integers(0, 6), min_size=3, max_size=3))
+    def evict_lanes(self, short):
+        # several lanes at once, one free: each lane as its own evict call, lane by lane, and the free lists
+        # as those calls leave them (same_state compares the two allocators' digests)
+        short = short[: self.C]
+        assert self.cache.evict_lanes(short) == [
+            self.ref.evict(lane, n) if n else 0 for lane, n in enumerate(short)
+        ]
+
     @precondition(lambda self: self.handles)
     @rule(i=INDEX)
     def lock_any(self, i):

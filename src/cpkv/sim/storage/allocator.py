@@ -50,6 +50,11 @@ class StorageAllocator:
         """Tokens per page of the lanes (P, or a virtual block's ``P * C``)."""
         return self.lanes.page_size
 
+    def plan_current(self, plan, last_locs) -> bool:
+        """False: the design's placement follows the free page ids, so a plan is made again after pages
+        change (``PageAllocator.plan_current``)."""
+        return False
+
     # ------------------------------------------------------------------------------ the lanes' pages
     def free_pages_per_lane(self) -> np.ndarray:
         """Free pages of each storage lane, int64 ``[lanes]``."""

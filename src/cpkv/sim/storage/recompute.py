@@ -57,11 +57,6 @@ class RecomputeCounter:
         key = 0
         return [key := hash((key, block_id)) for block_id in hash_ids[:blocks]]
 
-    def _recorded(self, key: int) -> int:
-        """Most tokens recorded for block prefix ``key``: the newer generation's entry, else the older's, else 0."""
-        got = self._computed.get(key)
-        return self._older.get(key, 0) if got is None else got
-
     def admitted(self, req: Request, matched: int) -> int:
         """Count request ``req`` admitted with ``matched`` prompt tokens from the cache; returns the tokens it
         recomputes: ``P * (leading pages of its prompt less its last token the group had computed) -
@@ -72,9 +67,11 @@ class RecomputeCounter:
         if not pages or not (self._computed or self._older):
             return 0
         lo = 0  # leading pages known computed
+        newer, older = self._computed.get, self._older.get
         while lo < pages:
             block = ((lo + 1) * P - 1) // S  # the block page lo ends in
-            done = self._recorded(keys[block]) // P  # pages ending in this block are computed below it
+            got = newer(keys[block])  # the newer generation's record, else the older's, else 0
+            done = (older(keys[block], 0) if got is None else got) // P  # pages ending in it, computed below
             if done <= lo:
                 break
             lo = min(done, (block + 1) * S // P, pages)  # the last page ending in this block, at most
@@ -93,8 +90,10 @@ class RecomputeCounter:
         if keys is None:  # not admitted (a rejected request hands over what it computed)
             keys = self.block_keys(req.hash_ids, blocks)
         # a prefix's record is at least any longer prefix's: stop at one as long
+        older = self._older.get
         for key in reversed(keys[:blocks]):
-            if self._recorded(key) >= tokens:
+            got = computed.get(key)  # as in admitted: newer, else older, else 0
+            if (older(key, 0) if got is None else got) >= tokens:
                 break
             computed[key] = tokens
         if len(computed) >= MAX_COMPUTED_KEYS:  # a new generation: the oldest block prefixes are forgotten

@@ -107,7 +107,8 @@ class KVTraffic:
         self._read_bytes = np.zeros(cp_size, dtype=_I64)
         self._comm_ms = 0.0
         self.exposed_ms = 0.0
-        self._reads: list[np.ndarray] = []  # int64 [C] per-layer bytes of each step not priced yet
+        self._reads: list[np.ndarray] = []  # int64 [steps, C] blocks: per-layer bytes of steps not priced yet
+        self._read_rows = 0  # steps in _reads
         self._steps: list[tuple[BatchPlan, np.ndarray]] = []  # owner-lane steps not counted yet
 
     @property
@@ -145,15 +146,16 @@ class KVTraffic:
         (kept, priced with the next ``READ_BATCH`` steps')."""
         self._count_steps()  # the kept owner-lane steps first: steps are priced in order
         if layer_bytes.any():
-            self._reads.append(layer_bytes)
-            if len(self._reads) >= READ_BATCH:
+            self._reads.append(layer_bytes[None, :])
+            self._read_rows += 1
+            if self._read_rows >= READ_BATCH:
                 self._price_reads()
 
     def add_owner_lane_step(self, plan: BatchPlan, slots: np.ndarray) -> None:
         """Keep one owner-lane prefill step (``plan``, ``slots``: ``owner_lane_reads``'s) whose reads are
         counted, then priced, with the next ``READ_BATCH`` steps' (``owner_lane_layer_bytes``)."""
         self._steps.append((plan, slots))
-        if len(self._steps) + len(self._reads) >= READ_BATCH:
+        if len(self._steps) + self._read_rows >= READ_BATCH:
             self._price_reads()
 
     def _count_steps(self) -> None:
@@ -161,15 +163,18 @@ class KVTraffic:
         if self._steps:
             layer = owner_lane_layer_bytes(self._steps, self)
             self._steps = []
-            self._reads.extend(layer[layer.any(axis=1)])
+            kept = layer[layer.any(axis=1)]
+            if kept.shape[0]:
+                self._reads.append(kept)
+                self._read_rows += kept.shape[0]
 
     def _price_reads(self) -> None:
         """Add the kept steps' reads to ``read_bytes`` and their prices to ``comm_ms`` (step order)."""
         self._count_steps()
         if not self._reads:
             return
-        layer = np.stack(self._reads)  # [steps, C]
-        self._reads = []
+        layer = np.concatenate(self._reads) if len(self._reads) > 1 else self._reads[0]  # [steps, C]
+        self._reads, self._read_rows = [], 0
         self._read_bytes += layer.sum(axis=0) * self.layers
         ms = self.layers * np.asarray(self.comm.remote_read_ms(layer.astype(np.float64), self.cp_size))
         for step_ms in ms.max(axis=1).tolist():  # one at a time: the float sum of pricing each step alone
@@ -250,7 +255,11 @@ def owner_lane_layer_bytes(steps: Sequence[tuple[BatchPlan, np.ndarray]], traffi
     n = np.concatenate([plan.per_request_rank_tokens for plan in plans]).reshape(-1)  # [Bt * C] queries
     pair = np.flatnonzero(n)  # the (request, rank) pairs that compute
     req, rank, ends = pair // C, pair % C, b[pair]
-    lanes = (np.concatenate([slots for _, slots in steps]) // P % C).astype(np.int16)  # [G] each page's lane
+    first = np.concatenate([slots for _, slots in steps])  # [G] first slot of each page (>= 0)
+    if P & (P - 1) == 0 and C & (C - 1) == 0:  # powers of two: shift and mask, the same lanes
+        lanes = ((first >> (P.bit_length() - 1)) & (C - 1)).astype(np.int16)  # [G] each page's lane
+    else:
+        lanes = (first // P % C).astype(np.int16)
     G = lanes.shape[0]
     order = np.argsort(lanes, kind="stable")  # pages by lane, in page order within a lane
     key = lanes[order] * _I64(G + 1) + order  # ascending: lane * (G + 1) + page
