@@ -231,7 +231,7 @@ class StepBuilder:
         while self.keys:
             free = self.alloc.free_pages_per_lane()
             plan = self.batch_plan()
-            need = plan.new_pages_per_lane
+            need = plan.new_pages_per_lane[: free.shape[0]]  # the allocator's lanes (one pool: lane 0)
             logits = mqa_logits_elements(plan) if self.limit is not None else None  # the batch's: at return
             room = free + self.cache.evictable_pages_per_lane()
             over_budget = logits is not None and self.limit is not None and int(logits.max()) > self.limit
