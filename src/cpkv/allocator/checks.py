@@ -17,6 +17,7 @@ from ..validate import MAX_POSITION, as_int_array, check_int
 from .pool import LanePool
 
 _U64 = np.uint64
+_MAX = np.maximum.reduce  # ndarray.max without its Python wrapper
 _I64 = np.int64
 _FEW = 8  # batches of at most this many requests have their last_locs checked with Python ints
 
@@ -42,7 +43,7 @@ def check_pool_size(cp_size: int, pages_per_lane: int, page_size: int) -> None:
 def page_id_array(pages: object, num_pages: int) -> np.ndarray:
     """``pages`` (list, numpy or CPU tensor) as int64 ``[n]`` ids in ``[0, num_pages)``, else AllocatorError."""
     arr = as_int_array("pages", pages, error=AllocatorError)
-    if arr.shape[0] and arr.view(_U64).max() >= num_pages:  # a negative id wraps to a huge one
+    if arr.shape[0] and _MAX(arr.view(_U64)) >= num_pages:  # a negative id wraps to a huge one
         bad = arr[(arr < 0) | (arr >= num_pages)]
         raise AllocatorError(f"page id {int(bad[0])} out of range [0, {num_pages})")
     return arr

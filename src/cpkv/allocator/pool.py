@@ -139,7 +139,8 @@ class LanePool:
         ):  # the common case: one lookup, then duplicates on a sorted copy
             if n < 2:
                 return
-            ordered = np.sort(pages)
+            ordered = pages.copy()
+            ordered.sort()  # np.sort without its Python wrapper
             if not np.count_nonzero(ordered[1:] == ordered[:-1]):
                 return
         C = self.cp_size

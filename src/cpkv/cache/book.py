@@ -138,4 +138,4 @@ def concat(parts: list) -> np.ndarray:
     """One int64 array of the parts (a copy, never a view of the tree); empty for no parts."""
     if len(parts) == 1:
         return parts[0].astype(_I64)  # a contiguous copy
-    return np.concatenate(parts).astype(_I64, copy=False) if parts else _EMPTY
+    return np.concatenate(parts, dtype=_I64) if parts else _EMPTY

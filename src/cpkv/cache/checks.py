@@ -85,7 +85,8 @@ class PageChecker:
             raise PrefixCacheError(
                 f"page {int(pages[free][0])} is free in the allocator: insert only pages you hold"
             )
-        ordered = np.sort(pages)
+        ordered = pages.copy()
+        ordered.sort()  # np.sort without its Python wrapper
         twice = ordered[1:] == ordered[:-1]
         if np.count_nonzero(twice):
             raise PrefixCacheError(f"page {int(ordered[1:][twice][0])} is listed more than once")

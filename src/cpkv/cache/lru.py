@@ -65,7 +65,9 @@ class LaneLRU:
     # ---------------------------------------------------------------------------------------- private
     def _memo(self, node) -> tuple:
         c = np.bincount(node.vals[:, LANE], minlength=self.cp_size)
-        node.memo = (c, c.nonzero()[0].tolist())  # (int64 [C] pages per lane, lanes with pages)
+        per_lane = c.tolist()
+        # (int64 [C] pages per lane, lanes with pages, the pages per lane as C ints)
+        node.memo = (c, [r for r, k in enumerate(per_lane) if k], per_lane)
         return node.memo
 
     def _push_queued(self) -> None:
@@ -94,4 +96,4 @@ class LaneLRU:
         if not (n.stamp == entry[0] == n.pushed and n.dev and n.lock_ref == 0 and n.attached):
             return False
         memo = n.memo or self._memo(n)
-        return len(memo[1]) == self.cp_size if heap == self.cp_size else memo[0][heap] > 0
+        return len(memo[1]) == self.cp_size if heap == self.cp_size else memo[2][heap] > 0

@@ -50,7 +50,7 @@ class CacheNode(RadixNode):
         super().__init__(*args)
         self.dev = False  # on device (else host-only: every page has a host copy)
         self.gen = 0  # +1 whenever the pages leave the device: handles of older generations are stale
-        self.memo: tuple | None = None  # (int64 [C] pages per lane, lanes present), dropped on split
+        self.memo: tuple | None = None  # (int64 [C] pages per lane, lanes present, C ints), dropped on split
         self.pushed = -1  # stamp of its entries on the eviction heaps
         self.in_batch = False  # taken by the evict call in progress
 

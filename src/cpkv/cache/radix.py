@@ -38,6 +38,9 @@ class RadixNode:
         start: depth of the first page (pages from the root); ``end = start + num_pages``.
         lock_ref: locks held through this node or a descendant. own_locks: locks whose handle ends here.
         stamp: last-use stamp (``RadixTree.tick``). attached: False once removed from the tree.
+        end: ``start + num_pages``, the depth just past the last page (never changes, even when the run is
+            split). key: the run's key in its parent's ``children`` (bytes of its first page's token ids;
+            ``b""`` for the root).
     """
 
     __slots__ = (
@@ -51,6 +54,8 @@ class RadixNode:
         "stamp",
         "attached",
         "nid",
+        "end",
+        "key",
     )
 
     def __init__(
@@ -66,17 +71,14 @@ class RadixNode:
         self.stamp = 0
         self.attached = True
         self.nid = nid  # creation number, unique in the tree (a deterministic tie-breaker)
+        self.end: int = start + vals.shape[0]  # depth just past the last page (pages from the root)
+        self.key = b""  # the key in the parent's children, set by the tree
 
     @property
     def num_pages(self) -> int:
         """Pages in the run."""
         pages: int = self.vals.shape[0]
         return pages
-
-    @property
-    def end(self) -> int:
-        """Depth just past the last page (pages from the root)."""
-        return self.start + self.num_pages
 
 
 N = TypeVar("N", bound=RadixNode)
@@ -196,7 +198,8 @@ class RadixTree(Generic[N]):
     def add_leaf(self, parent: N, tokens: np.ndarray, vals: np.ndarray) -> N:
         """New child run of ``parent`` (``tokens`` int64 ``[k * P]``, ``vals`` int64 ``[k, F]``, k >= 1)."""
         node = self._node(parent, tokens, vals, parent.end)
-        parent.children[tokens[: self.page_size].tobytes()] = node
+        node.key = tokens[: self.page_size].tobytes()
+        parent.children[node.key] = node
         return node
 
     def split(self, node: N, at: int, lower_goes: bool = False) -> N:
@@ -216,15 +219,16 @@ class RadixTree(Generic[N]):
         upper = self._node(
             parent, head if 2 * head.size >= base.size else head.copy(), node.vals[:at].copy(), node.start
         )
-        upper.stamp, upper.lock_ref = node.stamp, node.lock_ref
-        parent.children[upper.tokens[:P].tobytes()] = upper  # type: ignore[union-attr]
+        upper.stamp, upper.lock_ref, upper.key = node.stamp, node.lock_ref, node.key
+        parent.children[upper.key] = upper  # type: ignore[union-attr]
         if lower_goes:
             node.tokens, node.vals = tokens[at * P :], node.vals[at:]
         else:
             node.tokens, node.vals = tokens[at * P :].copy(), node.vals[at:].copy()
         node.start += at
         node.parent = upper
-        upper.children[node.tokens[:P].tobytes()] = node
+        node.key = node.tokens[:P].tobytes()
+        upper.children[node.key] = node
         if self._on_split is not None:
             self._on_split(upper, node)
         return upper
@@ -232,8 +236,8 @@ class RadixTree(Generic[N]):
     def detach(self, node: N) -> list[N]:
         """Remove ``node`` and its subtree; returns them, parents first. They keep their ``parent`` link
         (so a handle below a removed run still resolves to a live ancestor) but are no longer attached."""
-        del node.parent.children[node.tokens[: self.page_size].tobytes()]  # type: ignore[union-attr]
-        gone = self.preorder(node)
+        del node.parent.children[node.key]  # type: ignore[union-attr]
+        gone = self.preorder(node) if node.children else [node]
         for n in gone:
             n.attached = False
             n.tokens = _NO_TOKENS  # the memory goes now, even while an old handle still refers to the run

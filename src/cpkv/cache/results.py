@@ -116,6 +116,9 @@ def page_slots(pages: np.ndarray, page_size: int, out: np.ndarray | None = None)
         ramp = _RAMPS[page_size] = np.arange(page_size, dtype=_I64)
         ramp.setflags(write=False)
     k = pages.shape[0]
-    rows = np.empty((k, page_size), dtype=_I64) if out is None else out.reshape(k, page_size)
+    if out is not None:
+        np.add((pages * page_size)[:, None], ramp, out=out.reshape(k, page_size))
+        return out
+    rows = np.empty((k, page_size), dtype=_I64)
     np.add((pages * page_size)[:, None], ramp, out=rows)
     return rows.reshape(-1)
