@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .metrics import BUSY_FRACTION
+from .metrics import BUSY_FRACTION, STEP_BLOCK
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -33,17 +33,20 @@ def imbalance_curve(
     step with pages in use). With one capacity per lane (unequal lanes) the ratio is of fills
     ``used_r / Q_r``, as ``lane_metrics``.
 
-    ``used``: int ``[steps, C]`` pages. Example Q=10, used ``[[1, 0], [4, 2]]`` -> ``[nan, 4/3]``.
+    ``used``: int ``[steps, C]`` pages. Example Q=10, used ``[[1, 0], [4, 2]]`` -> ``[nan, 4/3]``. The fills
+    are float64 ``STEP_BLOCK`` steps at a time (a day-scale replay's all at once: 8 C bytes a step, twice).
     """
-    used = np.asarray(used, dtype=np.float64)
+    used = np.asarray(used)
     if used.size == 0:
         return np.zeros(used.shape[0])
     caps = np.broadcast_to(np.asarray(pages_per_lane, dtype=np.float64), (used.shape[1],))  # [C]
-    fill = used / caps if caps.all() else used
-    mean = fill.mean(axis=1)
-    busy = (mean >= (busy_fraction if caps.all() else 0.0)) & (mean > 0)
     out = np.full(used.shape[0], np.nan)
-    out[busy] = fill[busy].max(axis=1) / mean[busy]
+    for lo in range(0, used.shape[0], STEP_BLOCK):
+        block = used[lo : lo + STEP_BLOCK].astype(np.float64)  # [block, C]
+        fill = block / caps if caps.all() else block
+        mean = fill.mean(axis=1)
+        busy = (mean >= (busy_fraction if caps.all() else 0.0)) & (mean > 0)
+        out[lo : lo + STEP_BLOCK][busy] = fill[busy].max(axis=1) / mean[busy]
     return out
 
 

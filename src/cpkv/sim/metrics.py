@@ -110,22 +110,36 @@ class StepRecorder:
 
     ``record(time_ms, used, work)``: ``used`` int ``[C]`` device pages in use after the step (cached or
     held by a request); ``work`` float ``[C]`` cost-model work of each rank (ms), or None for a step
-    that computed no prefill token. Kept in blocks of ``STEP_BLOCK`` rows (no object per step): a step
-    costs ``8 + 4 C`` bytes, a prefill step ``8 C`` more (C=8: 104 bytes, so 650,000 steps about 66 MB).
+    that computed no prefill token. Kept in blocks of ``STEP_BLOCK`` rows (no object per step); a prefill
+    step's work is kept as its busiest rank's and its mean over the ranks (``step_work``, what the compute
+    metrics read), each block reduced when full. A step costs ``8 + 4 C`` bytes, a prefill step 16 more
+    (C=8: 56 bytes, so 650,000 steps about 36 MB).
     """
 
     def __init__(self, cp_size: int) -> None:
         self.cp_size = cp_size
         self._time = array("d")
         self._used = _Rows(cp_size, np.int32)
-        self._work = _Rows(cp_size, np.float64)
+        self._work = np.empty((STEP_BLOCK, cp_size), dtype=np.float64)  # the prefill steps not reduced yet
+        self._work_n = 0
+        self._work_max: list[np.ndarray] = []  # float64 [prefill steps] per block reduced
+        self._work_mean: list[np.ndarray] = []
 
     def record(self, time_ms: float, used: np.ndarray, work: np.ndarray | None) -> None:
         """Append one step (see class docstring)."""
         self._time.append(time_ms)
         self._used.append(used)
         if work is not None:
-            self._work.append(work)
+            self._work[self._work_n] = work
+            self._work_n += 1
+            if self._work_n == STEP_BLOCK:
+                self._reduce_work()
+
+    def _reduce_work(self) -> None:
+        peak, mean = step_work(self._work[: self._work_n])
+        self._work_max.append(peak)
+        self._work_mean.append(mean)
+        self._work_n = 0
 
     @property
     def num_steps(self) -> int:
@@ -138,27 +152,36 @@ class StepRecorder:
         return self._time[-1] if self._time else 0.0
 
     def used(self) -> np.ndarray:
-        """``[steps, C]`` int32 used pages per lane after each step."""
+        """``[steps, C]`` int32 used pages per lane after each step. The recorder keeps the array it returns
+        (its blocks joined once, then freed): a second call without a step between returns the same array,
+        not a copy; do not modify it."""
         return self._used.rows()
 
     def times(self) -> np.ndarray:
         """``[steps]`` float64 simulated end time of each step, ms."""
         return np.array(self._time, dtype=np.float64)
 
-    def work(self) -> np.ndarray:
-        """``[prefill steps, C]`` float64 work per rank, ms."""
-        return self._work.rows()
+    def work(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(max, mean)``: float64 ``[prefill steps]`` each, the busiest rank's work and the mean work over
+        the ranks of each prefill step, ms (``step_work`` of the rows recorded). Kept as ``used``: the same
+        arrays until a prefill step is recorded; do not modify them."""
+        if self._work_n:
+            self._reduce_work()
+        if len(self._work_max) != 1:  # joined once, as ``used``
+            self._work_max = [np.concatenate([np.zeros(0), *self._work_max])]
+            self._work_mean = [np.concatenate([np.zeros(0), *self._work_mean])]
+        return self._work_max[0], self._work_mean[0]
 
 
 STEP_BLOCK = 4096
-"""Rows per block of ``StepRecorder``'s arrays."""
+"""Rows per block of ``StepRecorder``'s arrays, and per chunk of the lane metrics' float arrays."""
 
 
 class _Rows:
     """Rows of ``width`` values of one dtype, appended one at a time into blocks of ``STEP_BLOCK`` rows."""
 
     def __init__(self, width: int, dtype: type) -> None:
-        self.full: list[np.ndarray] = []
+        self.full: list[np.ndarray] = []  # full blocks (after ``rows``: one array of every row before)
         self.block: np.ndarray = np.empty((STEP_BLOCK, width), dtype=dtype)
         self.n = 0
 
@@ -171,8 +194,20 @@ class _Rows:
             self.n = 0
 
     def rows(self) -> np.ndarray:
-        """``[rows, width]``: the rows appended, in order (a new array)."""
-        return np.concatenate([*self.full, self.block[: self.n]])
+        """``[rows, width]``: the rows appended, in order. Joined into one array that replaces the blocks
+        (no second copy lives on) and is returned as is until a row is appended."""
+        if self.n or len(self.full) != 1:
+            self.full = [np.concatenate([*self.full, self.block[: self.n]])]
+            self.n = 0  # the block's rows are in the joined array: the next row overwrites them
+        return self.full[0]
+
+
+def step_work(work: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(max, mean)`` over the ranks of each step's work: float64 ``[steps]`` each, from ``work`` float
+    ``[steps, C]`` (ms). Row by row, so computing it block by block gives the same bits. Example work
+    ``[[1, 1], [3, 1]]``: max ``[1, 3]``, mean ``[1, 2]``."""
+    work = np.asarray(work, dtype=np.float64)
+    return work.max(axis=1), work.mean(axis=1)
 
 
 BUSY_FRACTION = 0.1
@@ -193,6 +228,9 @@ def lane_metrics(used: np.ndarray, pages_per_lane: int | Sequence[int]) -> dict:
     every lane by the same Q changes no ratio); with unequal lanes (``pages_per_lane`` a sequence of C
     ints, e.g. ``[9, 10, 10, 10]``) a pool filled in proportion to each lane's size scores 1.0. Example
     used ``[[2, 0], [4, 2]]``, Q=4: peak lanes [4, 2], ratios 2 and 4 / 3: peak 2, mean 5 / 3.
+
+    Memory: the fills are float64 ``STEP_BLOCK`` steps at a time (a day-scale replay's steps at once would
+    be 8 C bytes a step, twice); the ratios counted are one float64 a step.
     """
     caps = np.broadcast_to(np.asarray(pages_per_lane, dtype=np.float64), (used.shape[1],))  # [C]
     if used.shape[0] == 0:
@@ -201,38 +239,50 @@ def lane_metrics(used: np.ndarray, pages_per_lane: int | Sequence[int]) -> dict:
             "lane_imbalance_peak": 1.0,
             "lane_imbalance_mean": None,
         }
-    fill = used.astype(np.float64) / caps  # [steps, C]
-    mean = fill.mean(axis=1)
-    busy = mean >= BUSY_FRACTION  # of a full lane
-    steps = busy if busy.any() else mean > 0
-    ratio = fill[steps].max(axis=1) / mean[steps]  # [steps counted]
+    ratio = _fill_ratios(used, caps, busy=True)  # [busy steps]
+    busy = ratio.size > 0
+    if not busy:
+        ratio = _fill_ratios(used, caps, busy=False)  # [steps with a page in use]
     return {
         "lane_pages_peak": used.max(axis=0).astype(np.int64).tolist(),
         "lane_imbalance_peak": float(ratio.max()) if ratio.size else 1.0,
-        "lane_imbalance_mean": float(ratio.mean()) if busy.any() else None,
+        "lane_imbalance_mean": float(ratio.mean()) if busy else None,
     }
 
 
-def compute_imbalance(work: np.ndarray) -> float:
+def _fill_ratios(used: np.ndarray, caps: np.ndarray, *, busy: bool) -> np.ndarray:
+    """``max_r u / mean_r u`` (``u = used / caps``, float64) of the busy steps (``mean_r u >= BUSY_FRACTION``),
+    or with ``busy`` False of the steps with a page in use, in step order; ``STEP_BLOCK`` steps at a time."""
+    out = []
+    for lo in range(0, used.shape[0], STEP_BLOCK):
+        fill = used[lo : lo + STEP_BLOCK].astype(np.float64) / caps  # [block, C]
+        mean = fill.mean(axis=1)
+        steps = mean >= BUSY_FRACTION if busy else mean > 0  # BUSY_FRACTION: of a full lane
+        out.append(fill[steps].max(axis=1) / mean[steps])
+    return np.concatenate(out)
+
+
+def compute_imbalance(peak: np.ndarray, mean: np.ndarray) -> float:
     """``sum_t max_r work_r / sum_t mean_r work_r`` over prefill steps (SPEC section 11); 1.0 with no work.
 
-    The headline compute figure: each step lasts as long as its busiest rank, so this is the factor by
-    which prefill time exceeds perfect balance; a step weighs as much as its work. Example work
-    ``[[1, 1], [3, 1]]``: (1 + 3) / (1 + 2) = 4 / 3 (``compute_imbalance_mean`` gives 1.25).
+    ``peak``, ``mean``: float64 ``[prefill steps]``, ``step_work`` of the work per rank (ms). The headline
+    compute figure: each step lasts as long as its busiest rank, so this is the factor by which prefill
+    time exceeds perfect balance; a step weighs as much as its work. Example work ``[[1, 1], [3, 1]]``
+    (``step_work``: peak ``[1, 3]``, mean ``[1, 2]``): (1 + 3) / (1 + 2) = 4 / 3 (``compute_imbalance_mean``
+    gives 1.25).
     """
-    total = float(work.mean(axis=1).sum()) if work.size else 0.0
-    return float(work.max(axis=1).sum()) / total if total > 0 else 1.0
+    total = float(mean.sum()) if mean.size else 0.0
+    return float(peak.sum()) / total if total > 0 else 1.0
 
 
-def compute_imbalance_mean(work: np.ndarray) -> float:
+def compute_imbalance_mean(peak: np.ndarray, mean: np.ndarray) -> float:
     """Mean over prefill steps of ``max_r work_r / mean_r work_r`` (SPEC section 11); 1.0 with no steps.
 
-    Secondary figure: every step counts the same, so steps of one tiny request dominate it. Example
-    work ``[[1, 1], [3, 1]]``: (1 + 1.5) / 2 = 1.25.
+    ``peak``, ``mean``: as ``compute_imbalance``'s. Secondary figure: every step counts the same, so steps
+    of one tiny request dominate it. Example work ``[[1, 1], [3, 1]]``: (1 + 1.5) / 2 = 1.25.
     """
-    mean = work.mean(axis=1) if work.size else np.zeros(0)
     ok = mean > 0
-    return float((work[ok].max(axis=1) / mean[ok]).mean()) if ok.any() else 1.0
+    return float((peak[ok] / mean[ok]).mean()) if ok.any() else 1.0
 
 
 def percentile_ms(values: Sequence[float], q: float, unfinished: int = 0) -> float | None:
@@ -293,7 +343,7 @@ def policy_metrics(
     reasons: dict[str, int] = {}
     for why in c.rejections.values():
         reasons[why.code] = reasons.get(why.code, 0) + 1
-    work = recorder.work()
+    work = recorder.work()  # (peak, mean) per prefill step
     unfinished = c.requests - len(c.ttft_ms)
     return {
         "requests_total": c.requests,
@@ -302,8 +352,8 @@ def policy_metrics(
         "prefill_tokens": c.prefill_tokens,
         "cache_hit_tokens": c.cache_hit_tokens,
         **lane_metrics(recorder.used(), config.lane_capacities),
-        "compute_imbalance": compute_imbalance(work),
-        "compute_imbalance_mean": compute_imbalance_mean(work),
+        "compute_imbalance": compute_imbalance(*work),
+        "compute_imbalance_mean": compute_imbalance_mean(*work),
         "owner_lane_exhausted": c.owner_lane_exhausted,
         "load_back_owner_lane_capacity_failed": cache["load_back_owner_lane_capacity_failed"],
         "evicted_pages": int(sum(cache["evicted_pages"])) * unit,

@@ -8,6 +8,7 @@ after every policy (``status: incomplete`` until the last), a Ctrl-C writes the 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -140,10 +141,10 @@ def replay(
         ) as bar:
             for label, strategy, design, policy in order:
                 task = bar.add_task(label, total=total)
-                run = PolicyRun(
+                result = PolicyRun(
                     replace(config, cp_strategy=strategy), policy, workload.requests, cost, kv_storage=design
-                )
-                result = run.run(on_progress=partial(_completed, bar, task))
+                ).run(on_progress=partial(_completed, bar, task))
+                gc.collect()  # the replay's state (its cache's tree is reference cycles) freed before the report
                 result = replace(result, policy=label, metrics={**result.metrics, "cp_strategy": strategy})
                 bar.update(task, completed=total if not result.metrics["livelock_detected"] else None)
                 results.append(result)

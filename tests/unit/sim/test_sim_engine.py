@@ -10,7 +10,7 @@ from cpkv.cli import main
 from cpkv.sim.config import SimConfig
 from cpkv.sim.engine import PolicyRun
 from cpkv.sim.lanes_plot import imbalance_curve
-from cpkv.sim.metrics import compute_imbalance, compute_imbalance_mean, lane_metrics
+from cpkv.sim.metrics import compute_imbalance, compute_imbalance_mean, lane_metrics, step_work
 from cpkv.sim.replay import replay
 from cpkv.sim.report import REPORT_FIELDS
 from cpkv.sim.trace import Request
@@ -97,10 +97,13 @@ def test_metric_definitions():
     # step 0: mean 1 >= 0.4 -> 2/1; step 1: mean 3 -> 4/3; peak and mean over the same (busy) steps
     assert out["lane_imbalance_peak"] == pytest.approx(2)
     assert out["lane_imbalance_mean"] == pytest.approx((2 + 4 / 3) / 2)
-    assert compute_imbalance_mean(np.array([[1.0, 1.0], [3.0, 1.0]])) == pytest.approx(1.25)
+    work = step_work(np.array([[1.0, 1.0], [3.0, 1.0]]))
+    assert [a.tolist() for a in work] == [[1.0, 3.0], [1.0, 2.0]]
+    assert compute_imbalance_mean(*work) == 1.25
     # work-weighted: (max 1 + max 3) / (mean 1 + mean 2) = 4 / 3
-    assert compute_imbalance(np.array([[1.0, 1.0], [3.0, 1.0]])) == pytest.approx(4 / 3)
-    assert compute_imbalance(np.zeros((0, 2))) == 1.0 == compute_imbalance_mean(np.zeros((0, 2)))
+    assert compute_imbalance(*work) == 4 / 3
+    none = step_work(np.zeros((0, 2)))
+    assert compute_imbalance(*none) == 1.0 == compute_imbalance_mean(*none)
 
 
 def test_lane_imbalance_mean_is_null_when_no_step_counts():

@@ -192,8 +192,11 @@ def test_step_recorder_blocks_equal_stacked_rows(monkeypatch):
     assert rec.num_steps == 10
     assert np.array_equal(rec.used(), np.stack([u for _, u, _ in rows]).astype(np.int32))
     assert rec.used().dtype == np.int32 and rec.times().tolist() == [t for t, _, _ in rows]
-    assert np.array_equal(rec.work(), np.stack([w for _, _, w in rows if w is not None]))
-    assert StepRecorder(2).used().shape == (0, 2) and StepRecorder(2).work().shape == (0, 2)
+    work = np.stack([w for _, _, w in rows if w is not None])  # [prefill steps, C]
+    peak, mean = rec.work()
+    assert peak.tolist() == work.max(axis=1).tolist() and mean.tolist() == work.mean(axis=1).tolist()
+    empty = StepRecorder(2)
+    assert empty.used().shape == (0, 2) and [a.shape for a in empty.work()] == [(0,), (0,)]
 
 
 def test_recompute_memory_is_two_generations(monkeypatch):

@@ -7,10 +7,13 @@ stops the sweep as Ctrl-C does (exit 143); workers exit when the driver dies."""
 import csv
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -269,6 +272,73 @@ def _first_point(proc: subprocess.Popen, out: Path) -> None:
     assert proc.poll() is None, "the sweep ended before its first point was stored"
 
 
+def _state(tid: int, pid: int | None = None) -> tuple[str, str]:
+    """Thread ``tid`` of process ``pid`` (default: its main thread): its state letter (``S`` asleep,
+    ``T`` stopped, ...) and the first field of ``/proc/.../syscall`` (the number of the system call it is
+    in, or ``running``); empty strings once it is gone."""
+    task = Path(f"/proc/{tid if pid is None else pid}/task/{tid}")
+    try:
+        state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        call = (task / "syscall").read_text().split()[0]
+    except (OSError, IndexError):
+        return "", ""
+    return state, call
+
+
+def _until(what: str, done: Callable[[], bool], within_s: float = 30.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not done():
+        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
+        time.sleep(0.01)
+
+
+def _poll_call() -> str:
+    """The system call number ``/proc/.../syscall`` shows for a thread of this interpreter asleep in
+    ``select.poll`` (what the driver's ``multiprocessing.connection.wait`` sleeps in): ``poll`` or
+    ``ppoll`` per platform, found by putting a thread of this process to sleep there."""
+    r, w = os.pipe()
+    poller = select.poll()
+    poller.register(r, select.POLLIN)
+    tids: list[int] = []
+
+    def sleep() -> None:
+        tids.append(threading.get_native_id())
+        poller.poll()
+
+    def asleep_in_poll() -> list[str]:  # its syscall fields once asleep on one fd (nfds, the 2nd arg, 0x1)
+        task = Path(f"/proc/{os.getpid()}/task/{tids[0]}") if tids else None
+        if task is None or _state(tids[0], os.getpid())[0] != "S":
+            return []
+        fields = (task / "syscall").read_text().split()
+        return fields if len(fields) > 2 and fields[2] == "0x1" else []  # not the GIL's futex on the way
+
+    thread = threading.Thread(target=sleep)
+    thread.start()
+    try:
+        _until("a thread asleep in poll", lambda: bool(asleep_in_poll()))
+        call = asleep_in_poll()[0]
+    finally:
+        os.write(w, b"x")
+        thread.join()
+        os.close(r)
+        os.close(w)
+    return call
+
+
+def _hold_every_point_in_flight(proc: subprocess.Popen, workers: list[int]) -> None:
+    """Stop the ``workers`` (SIGSTOP) and wait until the driver sleeps in its wait for their results. Then
+    each worker holds a point the driver has not had back: the driver has read every result sent before
+    the stop and handed that worker its next point (the queue is not empty), and a stopped worker sends
+    nothing more. A worker killed now loses its point; one killed while its result was on the pipe
+    would lose none (the flaky 24 ok of a bare kill)."""
+    for w in workers:
+        os.kill(w, signal.SIGSTOP)
+    for w in workers:
+        _until(f"worker {w} stopped", lambda w=w: _state(w)[0] in ("T", "t"))
+    poll = _poll_call()
+    _until("the driver asleep waiting for its workers", lambda: _state(proc.pid) == ("S", poll))
+
+
 @pytest.mark.slow
 def test_a_killed_pool_worker_costs_only_its_own_point(tmp_path):
     grid, out = _grid(tmp_path, LONG), tmp_path / "out"
@@ -276,7 +346,9 @@ def test_a_killed_pool_worker_costs_only_its_own_point(tmp_path):
     _first_point(proc, out)
     workers = _children(proc.pid)
     assert len(workers) == 2, workers
+    _hold_every_point_in_flight(proc, workers)
     os.kill(workers[0], signal.SIGKILL)
+    os.kill(workers[1], signal.SIGCONT)
     stdout, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     rows = _rows(out)
