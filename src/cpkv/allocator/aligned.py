@@ -3,7 +3,8 @@
 SGLang's calls are mostly of this shape: new prompts (``prefix_len`` 0), chains continued from whole cached
 pages (its sharded allocator extends nothing else) and chunked prefill. With ``prefix_len % P == 0`` no request
 has head tokens (C-HEAD), so a request's ``m = ceil(E / P)`` new pages are its C-ZIGZAG segments alone: segment
-s of 2C holds ``m // 2C`` pages, one more for ``s < m % 2C``, on lane ``(z_s + phase) % C``. For a few requests
+s of 2C holds ``m // 2C`` pages, one more for ``s < m % 2C``, on lane ``(z_s + phase) % C`` (under C-INTERLEAVE
+page j is on lane ``(phase + j) % C``, a batch of at most ``_FEW`` new pages). For a few requests
 (at most ``MAX_REQUESTS``) that is cheaper in Python integers than in numpy calls: lengths, ``last_locs``,
 phases (``policy.balanced_phase``, the one rule) and runs are worked out per request, the pages picked in one
 ``LanePool`` call and the slots written in one pass; the plan is deferred, built on first access by
@@ -47,7 +48,7 @@ def pick_aligned(
     pool: LanePool, config: CPConfig, prefix_lens: object, extend_lens: object, last_locs: object
 ) -> OnePage | None:
     """``alloc_extend``'s slots and pages for a batch of 1..``MAX_REQUESTS`` requests, each with
-    ``prefix_len % P == 0``, under C-ZIGZAG; None when the path does not take the call. Picks, never commits.
+    ``prefix_len % P == 0``, under C-ZIGZAG or C-INTERLEAVE; None when the path does not take the call. Picks, never commits.
 
     Args:
         pool: the allocator's ``LanePool``. config: its ``CPConfig``.
@@ -56,13 +57,14 @@ def pick_aligned(
 
     Returns:
         ``OnePage`` ``(slots, new_pages, counts, make_plan)`` (``counts`` None when no page is new), what the
-        general path would allocate; None for C-INTERLEAVE, more than ``MAX_REQUESTS`` requests, another
+        general path would allocate; None for more than ``MAX_REQUESTS`` requests (under C-INTERLEAVE more than
+        ``_FEW`` new pages), another
         input type, a prefix off a page boundary, a plan near ``cpkv.limits.MAX_ARRAY_BYTES``, a short lane
         or any invalid input (the general path then raises its typed error). Example C=8, P=64, fresh pool,
         balanced, one 64-token prompt: lane 1 (the freest, lane 0 lacks page 0), page 9, slots 576..639.
     """
     B = _length(prefix_lens)
-    if config.cp_strategy == INTERLEAVE or not 0 < B <= MAX_REQUESTS:
+    if not 0 < B <= MAX_REQUESTS:
         return None
     l0, e, last = _ints(prefix_lens, B), _ints(extend_lens, B), _ints(last_locs, B)
     if l0 is None or e is None or last is None:
@@ -133,6 +135,7 @@ def _runs(
     S = 2 * C
     balanced = config.owner_policy == BALANCED and C > 1
     legacy = config.owner_policy == LEGACY
+    interleave = config.cp_strategy == INTERLEAVE
     free: list[int] = pool.free.tolist() if balanced else []
     transient = [0] * C
     phases, owners, pages = [], [], []
@@ -148,11 +151,17 @@ def _runs(
         m = -(-n // P)
         f = 0 if legacy else (a // P + i) % C
         if balanced and m:
-            f = balanced_phase(free, transient, m, f, n % P != 0)
+            f = balanced_phase(free, transient, m, f, n % P != 0, interleave)
         phases.append(f)
         if m == 0:
             continue
         m_max = max(m_max, m)
+        if interleave:  # C-INTERLEAVE: page j on lane (phase + j) % C, a run of one page each
+            if len(owners) + m > _FEW:
+                return None  # many pages: the general path's closed form costs less than Python lists
+            owners.extend((f + j) % C for j in range(m))
+            pages.extend([1] * m)
+            continue
         base, rem = divmod(m, S)
         if base:
             one_each = False
