@@ -138,7 +138,9 @@ def _runs(
     interleave = config.cp_strategy == INTERLEAVE
     free: list[int] = pool.free.tolist() if balanced else []
     transient = [0] * C
-    phases, owners, pages = [], [], []
+    phases: list[int] = []
+    owners: list[int] = []
+    pages: list[int] = []
     m_max, one_each = 0, True
     for i, (a, n, x) in enumerate(zip(l0, e, last, strict=True)):
         if a < 0 or n < 0 or a % P or a + n > MAX_POSITION:
