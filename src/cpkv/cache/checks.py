@@ -47,7 +47,7 @@ class PageChecker:
         self._bools = np.empty((0, self.page_size), dtype=bool)  # [rows, P] mismatch
         self._ramp = np.empty((0, self.page_size), dtype=_I64)  # [rows, P] offsets in page, read-only
 
-    def whole_pages(self, slots: np.ndarray) -> np.ndarray:
+    def whole_pages(self, slots: np.ndarray, *, allocator_rows: bool = False) -> np.ndarray:
         """Page ids, int64 ``[k]``, of the slots (int64 ``[k * P]``, contiguous) of k whole pages, checking
         that page i's slots are ``p*P + 0 .. P-1``, that the page exists and is held (not free, not page
         0) and that it is listed once; else PrefixCacheError naming the first offending page.
@@ -55,13 +55,21 @@ class PageChecker:
         Example P=4: slots ``[8, 9, 10, 11, 20, 21, 22, 23]`` -> pages ``[2, 5]``. Page i is whole when its
         slots equal ``p*P + 0 .. P-1`` with ``p = slots[i*P] // P`` (for the first slot: ``slots[i*P] % P
         == 0``); those rows are built in a reused buffer and compared with the slots at once.
+        ``allocator_rows``: the slots are a row as the allocator wrote it (``RequestFlow``): only each page's
+        first and last slot are compared, O(k) in place of O(k * P); the other checks are the same.
         """
         P = self.page_size
         k = slots.shape[0] // P
         full = slots.reshape(k, P)
         pages = full[:, 0] // P  # [k]
-        whole = np.add(self._buffers(k), (pages * P)[:, None], out=self._ints[:k])  # [k, P] p*P + 0 .. P-1
-        if np.count_nonzero(np.not_equal(whole, full, out=self._bools[:k])):
+        if allocator_rows:  # page i's first slot is p*P, its last p*P + P-1
+            first = full[:, 0]
+            broken = np.count_nonzero(first % P) + np.count_nonzero(full[:, P - 1] - first - (P - 1))
+        else:
+            ramp = self._buffers(k)
+            whole = np.add(ramp, (pages * P)[:, None], out=self._ints[:k])  # [k, P] p*P + 0 .. P-1
+            broken = np.count_nonzero(np.not_equal(whole, full, out=self._bools[:k]))
+        if broken:
             i = int(np.flatnonzero((full != (full[:, :1] // P * P) + np.arange(P)).any(axis=1))[0])
             raise PrefixCacheError(
                 f"slots of page {i} (tokens {i * P}..{i * P + P - 1}) are not one whole page: "

@@ -124,7 +124,7 @@ class RequestKV:
         cache = self.flow.cache
         if cache is None:
             return
-        res = cache.insert(token_ids, self.slots[: len(token_ids)])
+        res = cache.insert(token_ids, self.slots[: len(token_ids)], allocator_rows=True)
         tree = res.slots
         self.slots[: tree.shape[0]] = tree
         cache.lock(res.handle)
@@ -138,7 +138,7 @@ class RequestKV:
         the pages it still holds on its own (the partly filled last page, decode pages), in position order."""
         cache = self.flow.cache
         if cache is not None:
-            res = cache.insert(token_ids, self.slots[: len(token_ids)])
+            res = cache.insert(token_ids, self.slots[: len(token_ids)], allocator_rows=True)
             cache.unlock(self.handle)
             self._drop_tree_pages(res)
         self._free_own()

@@ -210,7 +210,7 @@ class PrefixCache:
             self.book.lock_changed(freed, 1)
 
     # ---------------------------------------------------------------------------------------- updates
-    def insert(self, token_ids, slots) -> InsertResult:
+    def insert(self, token_ids, slots, *, allocator_rows: bool = False) -> InsertResult:
         """Hand the full pages of a request (after a chunk or at the end) to the tree (SPEC C-RELOAD).
 
         Page i of the request must be one whole page: ``slots[i*P : (i+1)*P] == p*P + 0 .. P-1``. A page
@@ -221,6 +221,8 @@ class PrefixCache:
         Args:
             token_ids: ``[num_tokens]`` integer token ids of the request so far.
             slots: ``[num_tokens]`` integer slots of those tokens (the ``req_to_token`` row).
+            allocator_rows: ``slots`` is a row as the allocator and this cache wrote it (``RequestFlow``):
+                each page is checked by its first and last slot only, O(pages) in place of O(tokens).
 
         Returns:
             ``InsertResult`` for the ``num_tokens // P`` full pages.
@@ -235,7 +237,7 @@ class PrefixCache:
         if slots.shape[0] != tokens.shape[0]:
             raise PrefixCacheError(f"slots has {slots.shape[0]} entries but token_ids has {tokens.shape[0]}")
         k = tokens.shape[0] // P
-        pages = self._check.whole_pages(slots[: k * P])
+        pages = self._check.whole_pages(slots[: k * P], allocator_rows=allocator_rows)
         path = self.tree.walk(tokens, k)
         matched = sum(m for _, m in path)
         book = self.book

@@ -55,7 +55,10 @@ def outcome(fn, *args):
 
 
 @st.composite
-def cases(draw):
+def cases(draw, edges_only: bool = False):
+    """An allocator and calls of slots: held, free, page 0 and out-of-range pages, with one slot or one
+    page's slots broken; ``edges_only``: a broken slot is a page's first or last (what ``allocator_rows``
+    checks)."""
     C, P = draw(st.integers(1, 3)), draw(st.integers(1, 4))
     lanes = [draw(st.integers(2, 6)) for _ in range(C)] if draw(st.booleans()) else draw(st.integers(2, 6))
     strategy = draw(st.sampled_from(["zigzag", "interleave"]))
@@ -75,6 +78,8 @@ def cases(draw):
         )
         if slots and draw(st.booleans()):  # break one slot: a shift, another page's slot, or a negative one
             i = draw(st.integers(0, len(slots) - 1))
+            if edges_only and len(slots) >= P:
+                i = draw(st.integers(0, len(slots) // P - 1)) * P + draw(st.sampled_from([0, P - 1]))
             slots[i] = draw(st.sampled_from([slots[i] + 1, slots[i] - 1, slots[i] + P, -slots[i] - 1]))
         if len(slots) >= P and draw(st.booleans()):  # shift one whole page's slots (consecutive, not aligned)
             i, d = draw(st.integers(0, len(slots) // P - 1)), draw(st.integers(1, 2 * P))
@@ -91,6 +96,21 @@ def test_whole_pages_matches_the_page_by_page_reference(case):
     for slots in calls:
         k = len(slots) // P
         got = outcome(checker.whole_pages, np.asarray(slots[: k * P], dtype=np.int64))
+        assert got == outcome(reference_pages, slots[: k * P], P, alloc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases(edges_only=True))
+def test_allocator_rows_check_matches_the_reference_on_page_edges(case):
+    # allocator_rows compares each page's first and last slot only: the same pages, and the same error,
+    # wherever a page's slots are shifted whole or its first or last slot is off, and for every page check
+    alloc, P, calls = case
+    checker = PageChecker(alloc)
+    for slots in calls:
+        k = len(slots) // P
+        got = outcome(
+            lambda s: checker.whole_pages(s, allocator_rows=True), np.asarray(slots[: k * P], dtype=np.int64)
+        )
         assert got == outcome(reference_pages, slots[: k * P], P, alloc)
 
 
