@@ -54,6 +54,19 @@ def outcome(fn, *args):
         return str(e)
 
 
+def assert_matches_reference(case, allocator_rows: bool = False) -> None:
+    """Each call's ``whole_pages`` (pages or error text) equals ``reference_pages``'s, buffers reused."""
+    alloc, P, calls = case
+    checker = PageChecker(alloc)
+    for slots in calls:
+        k = len(slots) // P
+        got = outcome(
+            lambda s: checker.whole_pages(s, allocator_rows=allocator_rows),
+            np.asarray(slots[: k * P], dtype=np.int64),
+        )
+        assert got == outcome(reference_pages, slots[: k * P], P, alloc)
+
+
 @st.composite
 def cases(draw, edges_only: bool = False):
     """An allocator and calls of slots: held, free, page 0 and out-of-range pages, with one slot or one
@@ -91,12 +104,7 @@ def cases(draw, edges_only: bool = False):
 @settings(max_examples=300, deadline=None)
 @given(cases())
 def test_whole_pages_matches_the_page_by_page_reference(case):
-    alloc, P, calls = case
-    checker = PageChecker(alloc)
-    for slots in calls:
-        k = len(slots) // P
-        got = outcome(checker.whole_pages, np.asarray(slots[: k * P], dtype=np.int64))
-        assert got == outcome(reference_pages, slots[: k * P], P, alloc)
+    assert_matches_reference(case)
 
 
 @settings(max_examples=300, deadline=None)
@@ -104,14 +112,7 @@ def test_whole_pages_matches_the_page_by_page_reference(case):
 def test_allocator_rows_check_matches_the_reference_on_page_edges(case):
     # allocator_rows compares each page's first and last slot only: the same pages, and the same error,
     # wherever a page's slots are shifted whole or its first or last slot is off, and for every page check
-    alloc, P, calls = case
-    checker = PageChecker(alloc)
-    for slots in calls:
-        k = len(slots) // P
-        got = outcome(
-            lambda s: checker.whole_pages(s, allocator_rows=True), np.asarray(slots[: k * P], dtype=np.int64)
-        )
-        assert got == outcome(reference_pages, slots[: k * P], P, alloc)
+    assert_matches_reference(case, allocator_rows=True)
 
 
 def test_whole_pages_example_and_errors():
